@@ -1,0 +1,531 @@
+"""s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
+
+What this stage adds
+    The smallest working agent: send the conversation to a chat model, run every tool
+    call it asks for, send the results back, and repeat until the model answers
+    without asking for a tool. Every tool call gets exactly one tool result, so the
+    message list is always valid, even after an error or Ctrl-C.
+
+    user ──▶ messages ──▶ model ──▶ tool calls? ──no──▶ answer
+                ▲                       │ yes
+                │                       ▼
+                └──── tool results ◀── terminal (timeout, truncation)
+                      (one per call)
+
+    A limit on model calls (--max-iterations, default 30) ends a turn that never stops.
+
+Changes from the previous stage
+    none: this is the first stage, everything here is introduced in s01
+
+Run
+    python agents/s01_loop.py                 # REPL (offline model without a key)
+    python agents/s01_loop.py --demo          # the walk-through
+    python agents/s01_loop.py -p '$ uname -a' # one question, then exit
+Chapter
+    docs/en/s01-loop.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+from rich.console import Console
+from rich.text import Text
+
+# ── [s01] Settings ──────────────────────────────────────────────────────────
+
+STAGE = "s01"
+DEFAULT_MODEL = "gpt-4o-mini"
+MODEL_ENV_VAR = "OPENAI_MODEL"          # the one documented model variable
+MAX_ITERATIONS = 30                     # model calls per turn before we give up
+TERMINAL_TIMEOUT = 60                   # seconds, default for one command
+MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
+MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
+API_TIMEOUT = 120                       # seconds to wait for one model response
+DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# ── [s01] The terminal tool ─────────────────────────────────────────────────
+
+TERMINAL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "terminal",
+        "description": "Run a shell command in the working directory and return its "
+                       "combined stdout/stderr and exit code.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The shell command to run."},
+                "timeout": {"type": "integer",
+                            "description": f"Seconds before the command is killed "
+                                           f"(default {TERMINAL_TIMEOUT}, "
+                                           f"max {MAX_TERMINAL_TIMEOUT})."},
+            },
+            "required": ["command"],
+        },
+    },
+}
+
+
+def truncate_output(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    """Keep the head and the tail of long output: errors tend to be at the end."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... [{cut} characters truncated] ...\n{text[-tail:]}"
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Kill the command and everything it started (its whole process group)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:                                   # Windows: no process groups here
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass                                    # already gone
+
+
+def output_after_kill(proc: subprocess.Popen) -> str:
+    """Collect what a killed command printed. A process that left the group
+    (`setsid`) can keep the pipe open forever, so we do not wait long for it."""
+    try:
+        output, _ = proc.communicate(timeout=DRAIN_AFTER_KILL)
+        return output
+    except subprocess.TimeoutExpired:
+        proc.wait()
+        return "[output lost: a process outside the group kept the pipe open]"
+
+
+def run_terminal(command: str, timeout: int | None = None) -> str:
+    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
+    if not isinstance(command, str) or not command.strip():
+        return json.dumps({"error": "command must be a non-empty string"})
+    if timeout is None:
+        timeout = TERMINAL_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, int) \
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
+        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
+    # A new session makes the command the leader of its own process group, so a
+    # timeout or Ctrl-C can kill the grandchildren too, not just the shell.
+    proc = subprocess.Popen(
+        command, shell=True, cwd=os.getcwd(),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        encoding="utf-8", errors="replace", start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        exit_code = proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc)
+        output = output_after_kill(proc)
+        output += f"\n[command timed out after {timeout}s; its process group was killed]"
+        exit_code = 124                         # what GNU `timeout` uses
+    except BaseException:                       # Ctrl-C: never leave the command running
+        kill_process_group(proc)
+        proc.wait()
+        raise
+    return json.dumps({"output": truncate_output(output), "exit_code": exit_code},
+                      ensure_ascii=False)
+
+
+TOOL_SCHEMAS = [TERMINAL_SCHEMA]
+TOOL_HANDLERS = {"terminal": run_terminal}
+
+# ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def assistant_message_to_dict(message) -> dict:
+    """Turn the SDK's message object into the plain dict we send back next time."""
+    entry = {"role": "assistant", "content": message.content or ""}
+    if message.tool_calls:
+        entry["tool_calls"] = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}
+            for call in message.tool_calls
+        ]
+    return entry
+
+
+def execute_tool_call(name: str, arguments: str) -> str:
+    """Run one tool call and always return a string result, even on failure."""
+    handler = TOOL_HANDLERS.get(name)
+    if handler is None:
+        return json.dumps({"error": f"unknown tool '{name}'"})
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        return json.dumps({"error": f"arguments are not valid JSON: {exc}"})
+    if not isinstance(args, dict):
+        return json.dumps({"error": "arguments must be a JSON object"})
+    try:
+        return handler(**args)
+    except Exception as exc:                    # a broken tool must not break the loop
+        return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
+
+
+def tool_message(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
+    """Run the calls in order; each one gets exactly one tool message.
+
+    If Ctrl-C arrives, the interrupted call and every call after it still get a
+    result ("interrupted"), so the conversation stays valid; then we re-raise.
+    """
+    for index, call in enumerate(tool_calls):
+        on_event("tool_call", {"name": call.function.name, "arguments": call.function.arguments})
+        try:
+            result = execute_tool_call(call.function.name, call.function.arguments)
+        except KeyboardInterrupt:
+            interrupted = json.dumps({"error": "interrupted by the user"})
+            for skipped in tool_calls[index:]:
+                messages.append(tool_message(skipped.id, interrupted))
+            raise
+        messages.append(tool_message(call.id, result))
+        on_event("tool_result", {"name": call.function.name, "result": result})
+
+
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    """
+    on_event = on_event or (lambda kind, data: None)
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, tools=TOOL_SCHEMAS)
+        message = response.choices[0].message
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return message.content or ""
+        run_tool_calls(message.tool_calls, messages, on_event)
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+# ── [s01] Talking to an endpoint ────────────────────────────────────────────
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    line = (str(text).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
+def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
+    """One clear line for each way an endpoint can fail; never a traceback."""
+    if isinstance(exc, openai.APITimeoutError):
+        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APIConnectionError):
+        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
+    if isinstance(exc, openai.AuthenticationError):
+        if not os.environ.get("OPENAI_API_KEY"):
+            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
+        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+    if isinstance(exc, openai.RateLimitError):
+        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
+    if isinstance(exc, openai.NotFoundError):
+        return (f"Model '{model}' or its API was not found at {base_url} (404). "
+                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
+        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if isinstance(exc, openai.APIStatusError):
+        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
+
+
+def make_client(base_url: str | None, api_key: str | None):
+    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
+    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
+                         max_retries=0, timeout=API_TIMEOUT)
+
+# ── [s01] Command line and REPL ─────────────────────────────────────────────
+
+HELP_TEXT = """Commands:
+  /help          this help
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL.
+The offline model understands:
+  $ <command>    run a shell command with the terminal tool"""
+
+
+class Session:
+    """Everything one running agent needs: the client, the model, the messages."""
+
+    def __init__(self, client, model: str, base_url: str, max_iterations: int):
+        self.client = client
+        self.model = model
+        self.base_url = base_url
+        self.max_iterations = max_iterations
+        self.messages: list = []
+
+
+def show_event(kind: str, data: dict) -> None:
+    """Print tool calls and results compactly."""
+    if kind == "tool_call":
+        console.print(Text(f"  → {data['name']} {data['arguments']}", style="cyan"))
+    elif kind == "tool_result":
+        console.print(Text(indent_result(data["result"]), style="dim"))
+
+
+def indent_result(result: str, max_lines: int = 12) -> str:
+    """A tool result as a short indented block: a status line, then the output."""
+    try:
+        data = json.loads(result)
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        data = {"output": result}
+    header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
+    lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
+    return "\n".join([header] + [f"    {line}" for line in lines])
+
+
+def run_turn(session: Session, user_text: str) -> bool:
+    """One user turn. Returns False if the model call failed."""
+    session.messages.append({"role": "user", "content": user_text})
+    try:
+        answer = run_conversation(session.client, session.model, session.messages,
+                                  session.max_iterations, show_event)
+    except openai.OpenAIError as exc:
+        err_console.print(Text("error: " + describe_api_error(exc, session.base_url, session.model),
+                               style="red"))
+        return False
+    console.print(Text(answer))
+    return True
+
+
+def read_line(prompt: str, interactive: bool) -> str | None:
+    """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
+    if interactive:
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    line = sys.stdin.readline() if sys.stdin else ""
+    if not line:
+        return None
+    console.print(Text(prompt + line.rstrip("\n"), style="bold"))
+    return line.rstrip("\n")
+
+
+def repl(session: Session) -> int:
+    interactive = bool(sys.stdin) and sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing where available)
+        except ImportError:
+            pass
+    while True:
+        try:
+            line = read_line(f"{STAGE}> ", interactive)
+        except KeyboardInterrupt:
+            console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
+            continue
+        if line is None or line.strip() == "/quit":
+            return 0
+        if not line.strip():
+            continue
+        if line.strip() == "/help":
+            console.print(Text(HELP_TEXT))
+            continue
+        try:
+            run_turn(session, line)
+        except KeyboardInterrupt:
+            console.print(Text("\n[turn cancelled]", style="yellow"))
+
+
+DEMO_INPUTS = [
+    "$ echo hello from the terminal tool",
+    "$ printf 'one\\ntwo\\nthree\\n' | wc -l",
+    "What can you do?",
+]
+
+
+def run_demo(session: Session) -> int:
+    console.print(Text("s01 demo: the agent loop with one terminal tool.", style="bold"))
+    for text in DEMO_INPUTS:
+        console.print(Text(f"\n{STAGE}> {text}", style="bold"))
+        if not run_turn(session, text):
+            return 1
+    console.print(Text("\nThe same request with --max-iterations 1: the loop stops after "
+                       "one model call, and every tool call still has its result.", style="bold"))
+    session.max_iterations = 1
+    console.print(Text(f"{STAGE}> $ echo limited", style="bold"))
+    run_turn(session, "$ echo limited")
+    roles = [m["role"] for m in session.messages]
+    console.print(Text(f"\nThe conversation now holds {len(roles)} messages: "
+                       + " ".join(roles), style="dim"))
+    return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=f"{STAGE}", description="s01: the agent loop with a terminal tool.",
+        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
+                        help=f"model calls per turn (default {MAX_ITERATIONS})")
+    return parser.parse_args(argv)
+
+
+def open_session(args) -> Session:
+    """Real endpoint if configured, otherwise the offline model on a loopback port."""
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    api_key = os.environ.get("OPENAI_API_KEY")
+    if args.offline or args.demo or not (base_url or api_key):
+        server = start_offline_server()
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed. "
+                               f"Type '$ <command>' or /help]", style="yellow"))
+        return Session(make_client(server.url, "offline"), "offline", server.url,
+                       args.max_iterations)
+    model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
+    client = make_client(base_url, api_key)
+    return Session(client, model, str(client.base_url), args.max_iterations)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    session = open_session(args)
+    if args.demo:
+        return run_demo(session)
+    if args.prompt is not None:
+        try:
+            return 0 if run_turn(session, args.prompt) else 1
+        except KeyboardInterrupt:
+            return 130
+    return repl(session)
+
+# ── Offline model (not part of the lesson) ─────────────────────────────────
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
+# real openai client builds requests and parses responses exactly as it would
+# against a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
+                "'$ <command>' runs a command with the terminal tool. "
+                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+                "other providers) and start me again.")
+
+
+def offline_plan(text: str):
+    """Map learner input to (tool name, arguments), or None."""
+    if text.startswith("$ "):
+        return "terminal", {"command": text[2:]}
+    return None
+
+
+def offline_summary(messages: list) -> str:
+    """Summarise the tool results that follow the last assistant message."""
+    results = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, message.get("content") or "")
+    lines = []
+    for result in results:
+        try:
+            data = json.loads(result)
+        except json.JSONDecodeError:
+            data = {"output": result}
+        if "exit_code" in data:
+            output = first_line(data.get("output", ""), 120) or "(no output)"
+            lines.append(f"The command exited with code {data['exit_code']}; "
+                         f"first line of output: {output}")
+        else:
+            lines.append(f"The tool reported: {first_line(data.get('error', result), 160)}")
+    return "\n".join(lines) or "Done."
+
+
+def offline_reply(messages: list, counter: list) -> dict:
+    """The next assistant message, as plain data."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return {"content": offline_summary(messages)}
+    plan = offline_plan(str(last.get("content") or "").strip())
+    if plan is None:
+        return {"content": OFFLINE_HELP}
+    counter[0] += 1
+    name, args = plan
+    return {"content": "", "tool_calls": [{"id": f"call_offline_{counter[0]}", "type": "function",
+                                           "function": {"name": name,
+                                                        "arguments": json.dumps(args)}}]}
+
+
+def completion_body(reply: dict, model: str) -> dict:
+    message = {"role": "assistant", "content": reply.get("content")}
+    if reply.get("tool_calls"):
+        message["tool_calls"] = reply["tool_calls"]
+    return {"id": "chatcmpl-offline", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+class OfflineHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):              # keep the learner's screen clean
+        pass
+
+    def send_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.send_json(200, {"object": "list", "data": [{"id": "offline", "object": "model"}]})
+
+    def do_POST(self):
+        try:
+            length = int(self.headers.get("Content-Length", 0))
+            request = json.loads(self.rfile.read(length) or b"{}")
+            reply = offline_reply(request.get("messages", []), self.server.counter)
+            self.send_json(200, completion_body(reply, request.get("model", "offline")))
+        except Exception as exc:
+            self.send_json(500, {"error": {"message": f"offline model failed: {exc}"}})
+
+
+def start_offline_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
+    server.daemon_threads = True
+    server.counter = [0]
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    return server
+
+
+if __name__ == "__main__":
+    sys.exit(main())
