@@ -1,0 +1,128 @@
+"""A loopback OpenAI-compatible server for tests.
+
+It replays a script of assistant turns, one per request, and records every request
+body, so a test can assert on exactly what the agent sent (messages, tools offered,
+tool-call pairing). A turn can also be an HTTP error.
+
+    with FakeOpenAI([reply("hi")]) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="test", max_retries=0)
+        ...
+        server.requests[0]["messages"]
+
+Turn formats:
+    {"content": str, "tool_calls": [{"id", "name", "arguments"}], "finish_reason": str}
+    {"status": 429, "message": "slow down", "headers": {"Retry-After": "1"}}
+
+Run it standalone to serve a JSON script:  python tests/fake_openai.py script.json 8765
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def reply(content: str = "", *calls: dict, finish_reason: str | None = None) -> dict:
+    """A scripted assistant turn: text and optional tool calls."""
+    turn = {"content": content, "tool_calls": list(calls)}
+    if finish_reason:
+        turn["finish_reason"] = finish_reason
+    return turn
+
+
+def call(name: str, arguments, call_id: str | None = None) -> dict:
+    """A scripted tool call. `arguments` may be a dict or a raw (possibly broken) string."""
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+def http_error(status: int, message: str = "scripted error", headers: dict | None = None) -> dict:
+    return {"status": status, "message": message, "headers": headers or {}}
+
+
+def completion(turn: dict, model: str, number: int) -> dict:
+    message = {"role": "assistant", "content": turn.get("content")}
+    calls = turn.get("tool_calls") or []
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.get("id") or f"call_{number}_{i}", "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(calls)
+        ]
+    finish = turn.get("finish_reason") or ("tool_calls" if calls else "stop")
+    return {"id": f"chatcmpl-fake-{number}", "object": "chat.completion",
+            "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: dict, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    def do_POST(self):
+        fake: FakeOpenAI = self.server.fake
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        with fake.lock:
+            fake.requests.append(body)
+            fake.headers.append({k.lower(): v for k, v in self.headers.items()})
+            turn = fake.turns.pop(0) if fake.turns else None
+            number = len(fake.requests)
+        if turn is None:
+            self._send(500, {"error": {"message": "fake server: script exhausted"}})
+        elif "status" in turn:
+            self._send(turn["status"], {"error": {"message": turn["message"], "type": "scripted",
+                                                  "code": None}}, turn.get("headers"))
+        else:
+            self._send(200, completion(turn, body.get("model", "fake-model"), number))
+
+
+class FakeOpenAI:
+    """Context manager: a scripted Chat Completions server on 127.0.0.1:<port>."""
+
+    def __init__(self, turns=(), port: int = 0):
+        self.turns = list(turns)
+        self.requests: list[dict] = []
+        self.headers: list[dict] = []
+        self.lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self._server.daemon_threads = True
+        self._server.fake = self
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def add(self, *turns: dict) -> None:
+        with self.lock:
+            self.turns.extend(turns)
+
+    def __enter__(self):
+        threading.Thread(target=self._server.serve_forever,
+                         kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+if __name__ == "__main__":
+    script = json.loads(open(sys.argv[1], encoding="utf-8").read())
+    with FakeOpenAI(script, port=int(sys.argv[2]) if len(sys.argv) > 2 else 0) as server:
+        print(server.url, flush=True)
+        threading.Event().wait()

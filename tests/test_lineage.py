@@ -1,0 +1,160 @@
+"""Cumulative stages (curriculum §4.2): stage N is stage N-1 plus its declared feature.
+
+For each pair of neighbouring stages we compare the exact source of every top-level
+definition. A name may only appear, disappear or change if LINEAGE says so, and a
+declared change must really be a change. Banners are checked too: carried sections
+keep their order, and only the new stage's banners are new.
+"""
+
+import ast
+import re
+
+import pytest
+
+from helpers import AGENTS, all_stages
+
+# For every stage: the top-level names it adds, changes and removes relative to the
+# stage before it. Pseudo-names: "<imports>" (all import lines) and "<main>" (the
+# `if __name__ == "__main__"` block). s01 is the base and introduces everything.
+LINEAGE = {
+    "s01_loop": {"base": True},
+}
+
+BANNER = re.compile(r"^# ── (?:\[(s\d\d)\] )?(.+?) ─+$", re.MULTILINE)
+
+
+def top_level_sources(source: str) -> dict[str, str]:
+    """Map each top-level name to the exact source text that defines it."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    found: dict[str, str] = {}
+
+    def text(node) -> str:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        return "\n".join(lines[first - 1:node.end_lineno])
+
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue                                            # the module docstring
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found["<imports>"] = found.get("<imports>", "") + text(node) + "\n"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = text(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                found[ast.unparse(target)] = text(node)
+        elif isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            found["<main>"] = text(node)
+        else:
+            found[f"<statement line {node.lineno}>"] = text(node)
+    return found
+
+
+def lineage_problems(previous: str, current: str, declared: dict) -> list[str]:
+    """Differences between two stage sources that `declared` does not account for."""
+    before, after = top_level_sources(previous), top_level_sources(current)
+    added = set(after) - set(before)
+    removed = set(before) - set(after)
+    changed = {name for name in set(before) & set(after) if before[name] != after[name]}
+    problems = []
+    for kind, actual in (("added", added), ("removed", removed), ("changed", changed)):
+        expected = set(declared.get(kind, ()))
+        for name in sorted(actual - expected):
+            problems.append(f"{name} was {kind} but LINEAGE does not declare it")
+        for name in sorted(expected - actual):
+            problems.append(f"LINEAGE declares {name} as {kind}, but it was not")
+    return problems
+
+
+def banners(source: str) -> list[tuple[str, str]]:
+    return BANNER.findall(source)
+
+
+def banner_problems(previous: str, current: str, stage_tag: str) -> list[str]:
+    old, new = banners(previous), banners(current)
+    problems = []
+    carried = [b for b in new if b in old]
+    if carried != old:
+        problems.append(f"carried banners changed or moved: {old} -> {carried}")
+    for tag, title in new:
+        if (tag, title) not in old and tag != stage_tag:
+            problems.append(f"banner '{title}' is new here but tagged [{tag}], not [{stage_tag}]")
+    return problems
+
+
+def read(stage: str) -> str:
+    return (AGENTS / f"{stage}.py").read_text(encoding="utf-8")
+
+
+STAGES = all_stages()
+PAIRS = list(zip(STAGES, STAGES[1:]))
+
+
+def test_every_stage_is_declared():
+    assert set(LINEAGE) == set(STAGES)
+    assert [s for s in LINEAGE if LINEAGE[s].get("base")] == ["s01_loop"]
+
+
+@pytest.mark.parametrize("previous,current", PAIRS)
+def test_stage_is_previous_plus_declared_changes(previous, current):
+    assert lineage_problems(read(previous), read(current), LINEAGE[current]) == []
+
+
+@pytest.mark.parametrize("previous,current", PAIRS)
+def test_banners_are_carried_in_order(previous, current):
+    assert banner_problems(read(previous), read(current), current[:3]) == []
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_banners_name_a_stage_and_never_say_new(stage):
+    source = read(stage)
+    found = banners(source)
+    assert found, "a stage file must have section banners"
+    number = int(stage[1:3])
+    for tag, title in found:
+        assert "new" not in title.lower().split(), title
+        if tag:
+            assert int(tag[1:]) <= number, f"banner [{tag}] in {stage}"
+    assert found[-1] == ("", "Offline model (not part of the lesson)")
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if not LINEAGE.get(s, {}).get("base")])
+def test_docstring_names_every_changed_function(stage):
+    docstring = ast.get_docstring(ast.parse(read(stage))) or ""
+    changes = docstring.split("Changes from", 1)[-1].split("\nRun", 1)[0]
+    for name in LINEAGE[stage].get("changed", ()):
+        if not name.startswith("<"):
+            assert name in changes, f"{stage}: 'Changes from' does not name {name}"
+
+
+# The mechanism itself must be able to fail: check it on small synthetic stages.
+
+BASE = '"""doc"""\nimport os\n\nA = 1\n\n\ndef f():\n    return 1\n'
+
+
+def test_mechanism_flags_an_undeclared_change():
+    edited = BASE.replace("return 1", "return 2")
+    assert lineage_problems(BASE, edited, {}) == ["f was changed but LINEAGE does not declare it"]
+    assert lineage_problems(BASE, edited, {"changed": ["f"]}) == []
+
+
+def test_mechanism_flags_undeclared_additions_removals_and_stale_declarations():
+    edited = BASE.replace("A = 1\n", "B = 2\n") + "import sys\n"
+    problems = lineage_problems(BASE, edited, {"changed": ["f"]})
+    assert "B was added but LINEAGE does not declare it" in problems
+    assert "A was removed but LINEAGE does not declare it" in problems
+    assert "<imports> was changed but LINEAGE does not declare it" in problems
+    assert "LINEAGE declares f as changed, but it was not" in problems
+
+
+def test_docstring_changes_are_not_code_changes():
+    assert lineage_problems(BASE, BASE.replace('"""doc"""', '"""other"""'), {}) == []
+
+
+def test_banner_check_catches_moved_and_mislabelled_sections():
+    one = "# ── [s01] Loop ───\n# ── [s01] CLI ───\n"
+    assert banner_problems(one, "# ── [s01] Loop ───\n# ── [s02] Tools ───\n"
+                                "# ── [s01] CLI ───\n", "s02") == []
+    assert banner_problems(one, "# ── [s01] CLI ───\n# ── [s01] Loop ───\n", "s02") != []
+    assert banner_problems(one, one + "# ── [s03] Later ───\n", "s02") != []
