@@ -44,6 +44,7 @@ from rich.text import Text
 # ── [s01] Settings ──────────────────────────────────────────────────────────
 
 STAGE = "s01"
+STAGE_TITLE = "the agent loop with one terminal tool"
 DEFAULT_MODEL = "gpt-4o-mini"
 MODEL_ENV_VAR = "OPENAI_MODEL"          # the one documented model variable
 MAX_ITERATIONS = 30                     # model calls per turn before we give up
@@ -314,6 +315,22 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+def show_help(session: Session, argument: str) -> None:
+    console.print(Text(HELP_TEXT))
+
+
+COMMANDS = {"/help": show_help}         # later stages add their own slash commands
+
+
+def handle_command(session: Session, line: str) -> None:
+    name, _, argument = line.strip().partition(" ")
+    command = COMMANDS.get(name)
+    if command is None:
+        console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
+        return
+    command(session, argument.strip())
+
+
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
     if interactive:
@@ -345,8 +362,8 @@ def repl(session: Session) -> int:
             return 0
         if not line.strip():
             continue
-        if line.strip() == "/help":
-            console.print(Text(HELP_TEXT))
+        if line.strip().startswith("/"):
+            handle_command(session, line)
             continue
         try:
             run_turn(session, line)
@@ -362,7 +379,7 @@ DEMO_INPUTS = [
 
 
 def run_demo(session: Session) -> int:
-    console.print(Text("s01 demo: the agent loop with one terminal tool.", style="bold"))
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     for text in DEMO_INPUTS:
         console.print(Text(f"\n{STAGE}> {text}", style="bold"))
         if not run_turn(session, text):
@@ -387,7 +404,7 @@ def positive_int(text: str) -> int:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog=f"{STAGE}", description="s01: the agent loop with a terminal tool.",
+        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
         epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")

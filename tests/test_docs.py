@@ -4,7 +4,8 @@
   same order, byte-identical code blocks, and tables of the same shape.
 - Every stage has a chapter and every chapter has a stage.
 - Every `function()`, `ClassName` and `CONSTANT` a chapter names in backticks exists in
-  its stage file; `CONSTANT = value` must match the code's value.
+  its stage file (or, for what a stage removed, in the previous one); `CONSTANT = value`
+  must match the code's value.
 - Every ```python excerpt is copied verbatim from the stage file (`...` lines may
   separate pieces).
 """
@@ -131,12 +132,20 @@ def test_translations_are_parallel(page, lang):
     assert table_shapes(other) == table_shapes(english), "tables differ"
 
 
+def previous_stage_source(stage: str) -> str:
+    """A chapter's "changes from the previous stage" may name what was removed."""
+    stages = all_stages()
+    index = stages.index(stage)
+    return (AGENTS / f"{stages[index - 1]}.py").read_text(encoding="utf-8") if index else ""
+
+
 @pytest.mark.parametrize("chapter", chapters())
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_chapter_names_only_what_the_code_has(chapter, lang):
-    source = (AGENTS / f"{stage_for(chapter)}.py").read_text(encoding="utf-8")
+    stage = stage_for(chapter)
+    source = (AGENTS / f"{stage}.py").read_text(encoding="utf-8")
     text = read(lang, chapter)
-    assert identifier_problems(text, source) == []
+    assert identifier_problems(text, source + "\n" + previous_stage_source(stage)) == []
     assert excerpt_problems(text, source) == []
 
 

@@ -18,6 +18,21 @@ from helpers import AGENTS, all_stages
 # `if __name__ == "__main__"` block). s01 is the base and introduces everything.
 LINEAGE = {
     "s01_loop": {"base": True},
+    "s02_tool_registry": {
+        "added": ["ToolEntry", "ToolRegistry", "REGISTRY", "build_registry", "terminal_available",
+                  "unknown_tool_message", "parse_arguments", "argument_problems",
+                  "validate_tool_call", "MAX_INVALID_TURNS", "JSON_TYPES",
+                  "read_file", "write_file", "patch", "search_files", "searchable_files",
+                  "function_schema", "error_result", "parse_result", "classify_tool_result",
+                  "tool_may_have_side_effect", "MAX_READ_LINES", "MAX_SEARCH_MATCHES",
+                  "MAX_SEARCH_FILE_BYTES", "SKIPPED_DIRS", "show_tools", "toolset_list",
+                  "demo_availability", "stubborn_retry", "DOOR_ERRORS"],
+        "removed": ["TOOL_SCHEMAS", "TOOL_HANDLERS", "execute_tool_call"],
+        "changed": ["<imports>", "STAGE", "STAGE_TITLE", "run_tool_calls", "run_conversation",
+                    "Session", "show_event", "run_turn", "COMMANDS", "HELP_TEXT", "DEMO_INPUTS",
+                    "run_demo", "parse_args", "open_session", "OFFLINE_HELP", "offline_plan",
+                    "offline_summary", "offline_reply"],
+    },
 }
 
 BANNER = re.compile(r"^# ── (?:\[(s\d\d)\] )?(.+?) ─+$", re.MULTILINE)
