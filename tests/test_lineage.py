@@ -14,8 +14,9 @@ import pytest
 from helpers import AGENTS, all_stages
 
 # For every stage: the top-level names it adds, changes and removes relative to the
-# stage before it. Pseudo-names: "<imports>" (all import lines) and "<main>" (the
-# `if __name__ == "__main__"` block). s01 is the base and introduces everything.
+# stage before it. Pseudo-names: "<imports>" (all import lines), "<main>" (the
+# `if __name__ == "__main__"` block) and "<statement>" for any other top-level
+# statement, e.g. "<REGISTRY.register(X)>". s01 is the base and introduces everything.
 LINEAGE = {
     "s01_loop": {"base": True},
     "s02_tool_registry": {
@@ -32,6 +33,31 @@ LINEAGE = {
                     "Session", "show_event", "run_turn", "COMMANDS", "HELP_TEXT", "DEMO_INPUTS",
                     "run_demo", "parse_args", "open_session", "OFFLINE_HELP", "offline_plan",
                     "offline_summary", "offline_reply"],
+    },
+    "s03_session_store": {
+        "added": ["STATE_DB_NAME", "SQLITE_TIMEOUT", "SEARCH_RESULTS_MAX", "HISTORY_NOTE",
+                  "SCHEMA", "FTS_SCHEMA", "hermes_home", "new_session_id", "is_searchable",
+                  "search_words", "SessionStore", "like_snippet", "open_store",
+                  "RecordedMessages", "ActiveSession", "session_search", "SESSION_SEARCH_ENTRY",
+                  "<REGISTRY.register(SESSION_SEARCH_ENTRY)>", "show_sessions", "resume_session",
+                  "resume_command", "close_session", "demo_session", "demo_say"],
+        "removed": ["demo_availability"],
+        "changed": ["<imports>", "STAGE", "STAGE_TITLE", "Session", "open_session", "main",
+                    "parse_args", "COMMANDS", "HELP_TEXT", "DEMO_INPUTS", "run_demo",
+                    "OFFLINE_HELP", "offline_plan", "offline_summary"],
+    },
+    "s04_prompt_builder": {
+        "added": ["CONTEXT_FILE_NAMES", "CONTEXT_FILE_MAX_CHARS", "_SCAN_MAX_CHARS",
+                  "INVISIBLE_CHARACTERS", "_DROP_INVISIBLE", "_GAP", "_WORD", "_FILLER",
+                  "_NOT_NEGATED", "_SECRET_VARIABLE", "_SECRET_FILE", "_COMMENT_DIRECTIVE",
+                  "_near", "THREAT_PATTERNS", "find_injection", "cap_context",
+                  "load_context_file", "DEFAULT_IDENTITY", "TOOL_GUIDANCE", "load_identity",
+                  "environment_section", "build_system_prompt", "show_prompt",
+                  "describe_system_prompt", "CLEAN_AGENTS_MD", "POISONED_AGENTS_MD",
+                  "demo_folder"],
+        "removed": ["demo_say", "demo_session"],
+        "changed": ["<imports>", "STAGE", "STAGE_TITLE", "Session", "COMMANDS", "HELP_TEXT",
+                    "DEMO_INPUTS", "run_demo", "OFFLINE_HELP", "offline_reply"],
     },
 }
 
@@ -61,8 +87,8 @@ def top_level_sources(source: str) -> dict[str, str]:
                 found[ast.unparse(target)] = text(node)
         elif isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
             found["<main>"] = text(node)
-        else:
-            found[f"<statement line {node.lineno}>"] = text(node)
+        else:                                                   # e.g. REGISTRY.register(...)
+            found[f"<{ast.unparse(node)}>"] = text(node)
     return found
 
 
