@@ -28,6 +28,7 @@ Chapter
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import signal
@@ -80,14 +81,32 @@ TERMINAL_SCHEMA = {
 }
 
 
-def truncate_output(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
-    """Keep the head and the tail of long output: errors tend to be at the end."""
-    if len(text) <= limit:
-        return text
-    head = limit // 2
-    tail = limit - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n... [{cut} characters truncated] ...\n{text[-tail:]}"
+class BoundedOutput:
+    """A command's output in bounded memory: the first and the last part, and a count
+    of everything in between. `yes` can print a gigabyte before any timeout."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = ""
+        self.tail = ""
+        self.total = 0
+
+    def add(self, chunk: str) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail = (self.tail + chunk)[-self.tail_limit:]
+
+    def text(self) -> str:
+        """Everything, or head and tail with a marker: errors tend to be at the end."""
+        cut = self.total - len(self.head) - len(self.tail)
+        if cut <= 0:
+            return self.head + self.tail
+        return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
 
 
 def kill_process_group(proc: subprocess.Popen) -> None:
@@ -101,15 +120,24 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass                                    # already gone
 
 
-def output_after_kill(proc: subprocess.Popen) -> str:
-    """Collect what a killed command printed. A process that left the group
-    (`setsid`) can keep the pipe open forever, so we do not wait long for it."""
+def copy_output(stream, output: BoundedOutput) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe.
+    Bytes are decoded as UTF-8; anything else becomes �, never an exception."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        output.add(decoder.decode(chunk))
+    output.add(decoder.decode(b"", final=True))
+
+
+def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
+    """True if the command exited and closed its output within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    reader.join(timeout)                        # a background child may keep the pipe open
     try:
-        output, _ = proc.communicate(timeout=DRAIN_AFTER_KILL)
-        return output
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:
-        proc.wait()
-        return "[output lost: a process outside the group kept the pipe open]"
+        return False
+    return not reader.is_alive()
 
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
@@ -126,21 +154,27 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     proc = subprocess.Popen(
         command, shell=True, cwd=os.getcwd(),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        encoding="utf-8", errors="replace", start_new_session=True,
+        start_new_session=True,
     )
+    output = BoundedOutput()
+    reader = threading.Thread(target=copy_output, args=(proc.stdout, output), daemon=True)
+    reader.start()
     try:
-        output, _ = proc.communicate(timeout=timeout)
-        exit_code = proc.returncode
-    except subprocess.TimeoutExpired:
-        kill_process_group(proc)
-        output = output_after_kill(proc)
-        output += f"\n[command timed out after {timeout}s; its process group was killed]"
-        exit_code = 124                         # what GNU `timeout` uses
+        finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
         kill_process_group(proc)
         proc.wait()
         raise
-    return json.dumps({"output": truncate_output(output), "exit_code": exit_code},
+    if finished:
+        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
+                          ensure_ascii=False)
+    kill_process_group(proc)
+    proc.wait()
+    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
+    note = f"\n[command timed out after {timeout}s; its process group was killed]"
+    if reader.is_alive():                       # `setsid` took a process out of the group
+        note += "\n[a process outside the group still holds the output; shown so far]"
+    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
 
 
@@ -150,14 +184,30 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
 
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
+    or undecodable input) become "?" instead of crashing the next step."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
+    call without `function`, a name that is not text) get a name no tool has."""
+    function = getattr(call, "function", None)
+    name = getattr(function, "name", None)
+    arguments = getattr(function, "arguments", None)
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return str(getattr(call, "id", "")), safe_text(str(name or "")), safe_text(arguments)
+
+
 def assistant_message_to_dict(message) -> dict:
     """Turn the SDK's message object into the plain dict we send back next time."""
-    entry = {"role": "assistant", "content": message.content or ""}
+    entry = {"role": "assistant", "content": safe_text(message.content or "")}
     if message.tool_calls:
         entry["tool_calls"] = [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": call.function.arguments}}
-            for call in message.tool_calls
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in map(call_parts, message.tool_calls)
         ]
     return entry
 
@@ -169,8 +219,8 @@ def execute_tool_call(name: str, arguments: str) -> str:
         return json.dumps({"error": f"unknown tool '{name}'"})
     try:
         args = json.loads(arguments or "{}")
-    except json.JSONDecodeError as exc:
-        return json.dumps({"error": f"arguments are not valid JSON: {exc}"})
+    except (ValueError, RecursionError) as exc:     # bad, huge or absurdly nested JSON
+        return json.dumps({"error": f"arguments are not valid JSON: {first_line(exc)}"})
     if not isinstance(args, dict):
         return json.dumps({"error": "arguments must be a JSON object"})
     try:
@@ -189,17 +239,17 @@ def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     If Ctrl-C arrives, the interrupted call and every call after it still get a
     result ("interrupted"), so the conversation stays valid; then we re-raise.
     """
-    for index, call in enumerate(tool_calls):
-        on_event("tool_call", {"name": call.function.name, "arguments": call.function.arguments})
+    for index, (call_id, name, arguments) in enumerate(map(call_parts, tool_calls)):
+        on_event("tool_call", {"name": name, "arguments": arguments})
         try:
-            result = execute_tool_call(call.function.name, call.function.arguments)
+            result = safe_text(execute_tool_call(name, arguments))
         except KeyboardInterrupt:
             interrupted = json.dumps({"error": "interrupted by the user"})
             for skipped in tool_calls[index:]:
-                messages.append(tool_message(skipped.id, interrupted))
+                messages.append(tool_message(call_parts(skipped)[0], interrupted))
             raise
-        messages.append(tool_message(call.id, result))
-        on_event("tool_result", {"name": call.function.name, "result": result})
+        messages.append(tool_message(call_id, result))
+        on_event("tool_result", {"name": name, "result": result})
 
 
 def run_conversation(client, model: str, messages: list,
@@ -303,7 +353,7 @@ def indent_result(result: str, max_lines: int = 12) -> str:
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
-    session.messages.append({"role": "user", "content": user_text})
+    session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     try:
         answer = run_conversation(session.client, session.model, session.messages,
                                   session.max_iterations, show_event)
@@ -331,18 +381,27 @@ def handle_command(session: Session, line: str) -> None:
     command(session, argument.strip())
 
 
+def undecodable_to_replacement(line: str) -> str:
+    """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
+    try:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:              # a surrogate that did not come from a byte
+        return safe_text(line)
+
+
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
     if interactive:
         try:
-            return input(prompt)
+            return undecodable_to_replacement(input(prompt))
         except EOFError:
             return None
     line = sys.stdin.readline() if sys.stdin else ""
     if not line:
         return None
-    console.print(Text(prompt + line.rstrip("\n"), style="bold"))
-    return line.rstrip("\n")
+    line = undecodable_to_replacement(line.rstrip("\n"))
+    console.print(Text(prompt + line, style="bold"))
+    return line
 
 
 def repl(session: Session) -> int:
@@ -431,7 +490,19 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations)
 
 
+def exit_on_signals() -> None:
+    """SIGTERM, or SIGHUP from a closed terminal, ends the agent cleanly: the exit runs
+    through the same `finally` and `except BaseException` blocks as Ctrl-C does, so
+    a running command's process group is killed on the way out."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
+
+
 def main(argv=None) -> int:
+    exit_on_signals()
     args = parse_args(argv)
     session = open_session(args)
     if args.demo:

@@ -35,6 +35,7 @@ Chapter
 from __future__ import annotations
 
 import argparse
+import codecs
 import fnmatch
 import json
 import os
@@ -93,14 +94,32 @@ TERMINAL_SCHEMA = {
 }
 
 
-def truncate_output(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
-    """Keep the head and the tail of long output: errors tend to be at the end."""
-    if len(text) <= limit:
-        return text
-    head = limit // 2
-    tail = limit - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n... [{cut} characters truncated] ...\n{text[-tail:]}"
+class BoundedOutput:
+    """A command's output in bounded memory: the first and the last part, and a count
+    of everything in between. `yes` can print a gigabyte before any timeout."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = ""
+        self.tail = ""
+        self.total = 0
+
+    def add(self, chunk: str) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail = (self.tail + chunk)[-self.tail_limit:]
+
+    def text(self) -> str:
+        """Everything, or head and tail with a marker: errors tend to be at the end."""
+        cut = self.total - len(self.head) - len(self.tail)
+        if cut <= 0:
+            return self.head + self.tail
+        return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
 
 
 def kill_process_group(proc: subprocess.Popen) -> None:
@@ -114,15 +133,24 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass                                    # already gone
 
 
-def output_after_kill(proc: subprocess.Popen) -> str:
-    """Collect what a killed command printed. A process that left the group
-    (`setsid`) can keep the pipe open forever, so we do not wait long for it."""
+def copy_output(stream, output: BoundedOutput) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe.
+    Bytes are decoded as UTF-8; anything else becomes �, never an exception."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        output.add(decoder.decode(chunk))
+    output.add(decoder.decode(b"", final=True))
+
+
+def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
+    """True if the command exited and closed its output within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    reader.join(timeout)                        # a background child may keep the pipe open
     try:
-        output, _ = proc.communicate(timeout=DRAIN_AFTER_KILL)
-        return output
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:
-        proc.wait()
-        return "[output lost: a process outside the group kept the pipe open]"
+        return False
+    return not reader.is_alive()
 
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
@@ -139,35 +167,57 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     proc = subprocess.Popen(
         command, shell=True, cwd=os.getcwd(),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        encoding="utf-8", errors="replace", start_new_session=True,
+        start_new_session=True,
     )
+    output = BoundedOutput()
+    reader = threading.Thread(target=copy_output, args=(proc.stdout, output), daemon=True)
+    reader.start()
     try:
-        output, _ = proc.communicate(timeout=timeout)
-        exit_code = proc.returncode
-    except subprocess.TimeoutExpired:
-        kill_process_group(proc)
-        output = output_after_kill(proc)
-        output += f"\n[command timed out after {timeout}s; its process group was killed]"
-        exit_code = 124                         # what GNU `timeout` uses
+        finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
         kill_process_group(proc)
         proc.wait()
         raise
-    return json.dumps({"output": truncate_output(output), "exit_code": exit_code},
+    if finished:
+        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
+                          ensure_ascii=False)
+    kill_process_group(proc)
+    proc.wait()
+    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
+    note = f"\n[command timed out after {timeout}s; its process group was killed]"
+    if reader.is_alive():                       # `setsid` took a process out of the group
+        note += "\n[a process outside the group still holds the output; shown so far]"
+    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
 
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
 
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
+    or undecodable input) become "?" instead of crashing the next step."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
+    call without `function`, a name that is not text) get a name no tool has."""
+    function = getattr(call, "function", None)
+    name = getattr(function, "name", None)
+    arguments = getattr(function, "arguments", None)
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return str(getattr(call, "id", "")), safe_text(str(name or "")), safe_text(arguments)
+
+
 def assistant_message_to_dict(message) -> dict:
     """Turn the SDK's message object into the plain dict we send back next time."""
-    entry = {"role": "assistant", "content": message.content or ""}
+    entry = {"role": "assistant", "content": safe_text(message.content or "")}
     if message.tool_calls:
         entry["tool_calls"] = [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": call.function.arguments}}
-            for call in message.tool_calls
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in map(call_parts, message.tool_calls)
         ]
     return entry
 
@@ -183,20 +233,20 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
     If Ctrl-C arrives, the interrupted call and every call after it still get a
     result ("interrupted"), so the conversation stays valid; then we re-raise.
     """
-    checked = [(call, *validate_tool_call(call.function.name, call.function.arguments, offered))
-               for call in tool_calls]
-    for index, (call, args, error) in enumerate(checked):
-        on_event("tool_call", {"name": call.function.name, "arguments": call.function.arguments})
+    calls = [call_parts(call) for call in tool_calls]
+    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
+    for index, ((call_id, name, arguments), (args, error)) in enumerate(zip(calls, checked)):
+        on_event("tool_call", {"name": name, "arguments": arguments})
         try:
-            result = error if error is not None else REGISTRY.dispatch(call.function.name, args)
+            result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
         except KeyboardInterrupt:
             interrupted = json.dumps({"error": "interrupted by the user"})
-            for skipped, _, _ in checked[index:]:
-                messages.append(tool_message(skipped.id, interrupted))
+            for skipped_id, _, _ in calls[index:]:
+                messages.append(tool_message(skipped_id, interrupted))
             raise
-        messages.append(tool_message(call.id, result))
-        on_event("tool_result", {"name": call.function.name, "result": result})
-    return any(error is None for _, _, error in checked)
+        messages.append(tool_message(call_id, result))
+        on_event("tool_result", {"name": name, "result": result})
+    return any(error is None for _, error in checked)
 
 
 def run_conversation(client, model: str, messages: list,
@@ -223,7 +273,7 @@ def run_conversation(client, model: str, messages: list,
         else:
             strikes += 1
         if strikes >= MAX_INVALID_TURNS:
-            names = ", ".join(sorted({call.function.name for call in message.tool_calls}))
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
             return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
                     f"(last: {names}). Ask again, or check the model's tool support.]")
     return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
@@ -335,13 +385,13 @@ class ToolRegistry:
             return f"Error: {name} failed: {type(exc).__name__}: {first_line(exc)}"
 
 
-def parse_arguments(name: str, raw) -> tuple[dict | None, str | None]:
+def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None]:
     """Arguments text -> dict. An empty string means no arguments."""
     try:
-        args = json.loads(raw) if raw and raw.strip() else {}
-    except json.JSONDecodeError as exc:
-        return None, (f"Error: Invalid JSON arguments for {name}: {exc}. For tools with no "
-                      f"required parameters, use an empty object: {{}}. "
+        args = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError) as exc:     # bad, huge or absurdly nested JSON
+        return None, (f"Error: Invalid JSON arguments for {name}: {first_line(exc)}. "
+                      f"For tools with no required parameters, use an empty object: {{}}. "
                       f"Please retry with valid JSON.")
     if not isinstance(args, dict):
         return None, (f"Error: arguments for {name} must be a JSON object, "
@@ -364,7 +414,8 @@ def argument_problems(args: dict, parameters: dict) -> list[str]:
     return problems
 
 
-def validate_tool_call(name: str, raw_arguments, offered: dict) -> tuple[dict | None, str | None]:
+def validate_tool_call(name: str, raw_arguments: str,
+                       offered: dict) -> tuple[dict | None, str | None]:
     """The door: (arguments, None) for a valid call, (None, error text) otherwise.
     Nothing half-parsed ever reaches a handler."""
     if name not in offered:
@@ -406,12 +457,17 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
-    lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
-    chosen = lines[offset - 1:offset - 1 + limit]
-    numbered = "\n".join(f"{number:>6}|{text}"
-                         for number, text in enumerate(chosen, start=offset))
-    return json.dumps({"path": str(target.resolve()), "content": truncate_output(numbered),
-                       "total_lines": len(lines),
+    chosen, total = [], 0
+    # Line by line, so a log of several gigabytes never has to fit in memory.
+    with open(target, encoding="utf-8", errors="replace") as file:
+        for total, line in enumerate(file, start=1):
+            if offset <= total < offset + limit:
+                text = line.rstrip("\n")
+                chosen.append(f"{total:>6}|{text}")
+    content = BoundedOutput()               # one huge line must not flood the model
+    content.add("\n".join(chosen))
+    return json.dumps({"path": str(target.resolve()), "content": content.text(),
+                       "total_lines": total,
                        "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
                       ensure_ascii=False)
 
@@ -435,14 +491,16 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
         return error_result(f"not a file: {path}")
     if not old_string:
         return error_result("old_string must not be empty")
-    text = target.read_text(encoding="utf-8")
+    with open(target, encoding="utf-8", newline="") as file:    # keep \r\n as it is
+        text = file.read()
     count = text.count(old_string)
     if count == 0:
         return error_result(f"old_string not found in {path}")
     if count > 1 and not replace_all:
         return error_result(f"old_string appears {count} times in {path}; "
                             f"add surrounding text to make it unique, or set replace_all")
-    target.write_text(text.replace(old_string, new_string), encoding="utf-8")
+    with open(target, "w", encoding="utf-8", newline="") as file:
+        file.write(text.replace(old_string, new_string))
     return json.dumps({"success": True, "replacements": count, "path": str(target.resolve())},
                       ensure_ascii=False)
 
@@ -454,8 +512,8 @@ def searchable_files(root: Path, glob: str | None):
             file = Path(folder) / name
             if glob is not None and not fnmatch.fnmatch(name, glob):
                 continue
-            try:
-                if file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
+            try:                            # regular files only: a FIFO would block forever
+                if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
                     yield file
             except OSError:                 # a broken link or an unreadable file
                 continue
@@ -851,7 +909,7 @@ def indent_result(result: str, max_lines: int = 12) -> str:
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
-    session.messages.append({"role": "user", "content": user_text})
+    session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     try:
         answer = run_conversation(session.client, session.model, session.messages,
                                   session.max_iterations, show_event, session.tools)
@@ -870,8 +928,8 @@ def show_help(session: Session, argument: str) -> None:
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
-        names = [e.name for e in map(REGISTRY.get, sorted(offered)) if e and e.toolset == toolset]
-        console.print(Text(f"  {toolset:<10} {', '.join(names) or '(not offered)'}"))
+        names = sorted(name for name in offered if REGISTRY.get(name).toolset == toolset)
+        console.print(Text(f"  {toolset:<15} {', '.join(names) or '(not offered)'}"))
 
 
 def show_sessions(session: Session, argument: str) -> None:
@@ -880,13 +938,14 @@ def show_sessions(session: Session, argument: str) -> None:
         return
     try:
         rows = session.store.list_sessions()
-    except sqlite3.Error as exc:
+        lines = [f" {'*' if sid == session.session_id else ' '} {sid}  "
+                 f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}  "
+                 f"{count:>3} msgs  {title or ''}" for sid, started, title, count in rows]
+    except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
         console.print(Text(f"error: could not list sessions ({first_line(exc)})", style="red"))
         return
-    for session_id, started, title, count in rows:
-        marker = "*" if session_id == session.session_id else " "
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
-        console.print(Text(f" {marker} {session_id}  {when}  {count:>3} msgs  {title or ''}"))
+    for line in lines:
+        console.print(Text(line))
     if not rows:
         console.print(Text("no saved sessions yet"))
 
@@ -905,12 +964,24 @@ def resume_session(session: Session, session_id: str) -> bool:
                                    style="red"))
             return False
         messages = session.store.load_messages(session_id)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
         err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
         return False
     session.switch_to(session_id, messages)
+    answer_dangling_calls(session.messages)
     console.print(Text(f"[resumed session {session_id}: {len(messages)} messages]", style="green"))
     return True
+
+
+def answer_dangling_calls(messages: list) -> None:
+    """A session killed in the middle of a tool call was saved without its result.
+    Answer such calls now, or the endpoint rejects every request that follows."""
+    last_turn = next((m for m in reversed(messages) if m.get("role") != "tool"), {})
+    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    for call in last_turn.get("tool_calls") or []:
+        if call.get("id") not in answered:
+            messages.append(tool_message(call.get("id"), json.dumps(
+                {"error": "interrupted: the agent stopped before this tool call finished"})))
 
 
 def resume_command(session: Session, argument: str) -> None:
@@ -946,18 +1017,27 @@ def handle_command(session: Session, line: str) -> None:
     command(session, argument.strip())
 
 
+def undecodable_to_replacement(line: str) -> str:
+    """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
+    try:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:              # a surrogate that did not come from a byte
+        return safe_text(line)
+
+
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
     if interactive:
         try:
-            return input(prompt)
+            return undecodable_to_replacement(input(prompt))
         except EOFError:
             return None
     line = sys.stdin.readline() if sys.stdin else ""
     if not line:
         return None
-    console.print(Text(prompt + line.rstrip("\n"), style="bold"))
-    return line.rstrip("\n")
+    line = undecodable_to_replacement(line.rstrip("\n"))
+    console.print(Text(prompt + line, style="bold"))
+    return line
 
 
 def repl(session: Session) -> int:
@@ -1097,7 +1177,19 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations, tools, store)
 
 
+def exit_on_signals() -> None:
+    """SIGTERM, or SIGHUP from a closed terminal, ends the agent cleanly: the exit runs
+    through the same `finally` and `except BaseException` blocks as Ctrl-C does, so
+    a running command's process group is killed on the way out."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
+
+
 def main(argv=None) -> int:
+    exit_on_signals()
     args = parse_args(argv)
     session = open_session(args)
     if args.demo:

@@ -12,7 +12,8 @@ import time
 from helpers import load_stage, stages_from
 
 NEAR_MISSES = ["ignore all ", "disregard your\n", "act as if you no ", "do not tell ",
-               "<!-- ignore ", "<!--system", '<div style="', "curl $", "cat a "]
+               "<!-- ignore ", "<!--system", '<div style="', "<a style = ", "curl $", "cat a ",
+               "<!-- "]
 
 
 def timed(function, *args) -> float:

@@ -11,6 +11,7 @@ tool-call pairing). A turn can also be an HTTP error.
 
 Turn formats:
     {"content": str, "tool_calls": [{"id", "name", "arguments"}], "finish_reason": str}
+    a tool call may also be {"raw": {...}}: sent exactly as given, malformed or not
     {"status": 429, "message": "slow down", "headers": {"Retry-After": "1"}}
 
 Run it standalone to serve a JSON script:  python tests/fake_openai.py script.json 8765
@@ -40,6 +41,11 @@ def call(name: str, arguments, call_id: str | None = None) -> dict:
     return {"id": call_id, "name": name, "arguments": arguments}
 
 
+def raw_call(payload: dict) -> dict:
+    """A tool call sent exactly as given, even if it is malformed."""
+    return {"raw": payload}
+
+
 def http_error(status: int, message: str = "scripted error", headers: dict | None = None) -> dict:
     return {"status": status, "message": message, "headers": headers or {}}
 
@@ -49,6 +55,7 @@ def completion(turn: dict, model: str, number: int) -> dict:
     calls = turn.get("tool_calls") or []
     if calls:
         message["tool_calls"] = [
+            c["raw"] if "raw" in c else
             {"id": c.get("id") or f"call_{number}_{i}", "type": "function",
              "function": {"name": c["name"], "arguments": c["arguments"]}}
             for i, c in enumerate(calls)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_openai import FakeOpenAI, call, http_error, reply
+from fake_openai import FakeOpenAI, call, http_error, raw_call, reply
 from helpers import clean_env, load_stage, pairing_problems, run_stage, stages_from
 
 STAGES = stages_from("s01")
@@ -86,6 +86,29 @@ def test_pairing_holds_through_errors(stage):
         assert "exit_code" not in results[failed]
         assert "error" in results[failed].lower() or "does not exist" in results[failed]
     assert_every_request_paired(server)
+
+
+MALFORMED_CALLS = [
+    raw_call({"id": "m1", "type": "function",
+              "function": {"name": "terminal", "arguments": {"command": "echo dict-args"}}}),
+    raw_call({"id": "m2", "type": "custom", "custom": {"name": "terminal", "input": "ls"}}),
+    raw_call({"id": "m3", "type": "function", "function": {"name": None, "arguments": "{}"}}),
+    raw_call({"id": "m4", "type": "function"}),
+    raw_call({"id": "m5", "type": "function", "function": {"name": ["x"], "arguments": "{}"}}),
+    call("terminal", '{"command": "echo", "timeout": 1' + "0" * 5000 + "}", "m6"),
+    call("terminal", "[" * 100_000 + "]" * 100_000, "m7"),
+    call("terminal", '{"command": "echo \\ud800 lone surrogate"}', "m8"),
+]
+
+
+def test_malformed_tool_calls_get_a_result_each_and_never_crash(stage):
+    with FakeOpenAI([reply("", *MALFORMED_CALLS), reply("still here")]) as server:
+        answer, messages = run_loop(stage, server)
+    assert answer == "still here"
+    assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == \
+        [f"m{n}" for n in range(1, 9)]
+    assert_every_request_paired(server)
+    json.dumps(messages).encode("utf-8")       # everything is valid, encodable text
 
 
 def test_iteration_limit_ends_the_turn_with_a_clear_message(stage):
@@ -180,11 +203,13 @@ def test_timeout_returns_even_if_an_escaped_process_holds_the_pipe(stage, tmp_pa
     monkeypatch.setattr(stage, "DRAIN_AFTER_KILL", 0.5)     # keep the test quick
     started = time.monotonic()
     result = json.loads(stage.run_terminal(
-        "setsid sh -c 'echo $$ > escaped.pid; exec sleep 30' & sleep 30", timeout=1))
+        "echo before; setsid sh -c 'echo $$ > escaped.pid; exec sleep 30' & sleep 30",
+        timeout=1))
     escaped = int((tmp_path / "escaped.pid").read_text())
     os.kill(escaped, signal.SIGKILL)                     # clean up after ourselves
     assert result["exit_code"] == 124
-    assert "output lost" in result["output"]
+    assert result["output"].startswith("before\n")
+    assert "a process outside the group still holds the output" in result["output"]
     assert time.monotonic() - started < 15
 
 
@@ -197,10 +222,26 @@ def test_long_output_keeps_head_and_tail_with_a_marker(stage):
     assert len(output) < stage.MAX_OUTPUT_CHARS + 100
 
 
-def test_truncate_output_exact(stage):
-    assert stage.truncate_output("abcdefghij", 10) == "abcdefghij"
-    assert stage.truncate_output("abcdefghijkl", 10) == \
-        "abcde\n... [2 characters truncated] ...\nhijkl"
+@pytest.mark.parametrize("chunks", [["abcdefghijkl"], list("abcdefghijkl"), ["abc", "defghijkl"]])
+def test_bounded_output_keeps_head_and_tail_however_it_arrives(stage, chunks):
+    output = stage.BoundedOutput(limit=10)
+    for chunk in chunks:
+        output.add(chunk)
+    assert output.text() == "abcde\n... [2 characters truncated] ...\nhijkl"
+    assert len(output.head) + len(output.tail) == 10
+
+
+def test_bounded_output_keeps_short_output_whole(stage):
+    output = stage.BoundedOutput(limit=10)
+    output.add("abcdefghij")
+    assert output.text() == "abcdefghij"
+
+
+def test_huge_output_is_counted_not_kept(stage):
+    output = json.loads(stage.run_terminal("yes | head -c 20000000", timeout=60))["output"]
+    cut = 20_000_000 - stage.MAX_OUTPUT_CHARS
+    assert f"[{cut} characters truncated]" in output
+    assert len(output) < stage.MAX_OUTPUT_CHARS + 100
 
 
 def test_non_utf8_output_is_replaced_not_fatal(stage):
@@ -289,6 +330,37 @@ def test_piped_repl_runs_a_command_and_exits_zero_at_eof(stage_name, tmp_path):
     assert "\n    hi\n" in result.stdout
     assert "offline" in result.stderr.lower()
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_input_that_is_not_utf8_is_replaced_not_fatal(stage_name, tmp_path):
+    result = subprocess.run([sys.executable, str(Path("agents") / f"{stage_name}.py")],
+                            input=b"$ echo caf\xe9\n", capture_output=True, env=clean_env(),
+                            cwd=Path(__file__).parent.parent, timeout=60)
+    out = result.stdout.decode("utf-8")
+    assert result.returncode == 0, result.stderr
+    assert "caf\ufffd" in out and b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_sigterm_ends_the_agent_and_kills_the_running_command(stage_name, tmp_path):
+    proc = subprocess.Popen([sys.executable, str(Path("agents") / f"{stage_name}.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env(LEARN_HERMES_HOME=str(tmp_path / "h")),
+                            cwd=Path(__file__).parent.parent)
+    try:
+        proc.stdin.write(f"$ cd {tmp_path} && echo $$ > sleeper.pid && exec sleep 30\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 15
+        while not (tmp_path / "sleeper.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert dies_soon(int((tmp_path / "sleeper.pid").read_text()))
 
 
 @pytest.mark.parametrize("stage_name", STAGES)

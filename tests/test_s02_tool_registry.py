@@ -4,6 +4,7 @@ Runs on every stage from s02 up.
 """
 
 import json
+import os
 
 import pytest
 
@@ -222,6 +223,21 @@ def test_search_files_formats_filters_and_caps(stage, workdir):
     capped = json.loads(stage.search_files("hit", "."))
     assert len(capped["matches"]) == stage.MAX_SEARCH_MATCHES and capped["truncated"]
     assert "invalid regular expression" in json.loads(stage.search_files("(unclosed"))["error"]
+
+
+def test_patch_keeps_windows_line_endings(stage, workdir):
+    (workdir / "crlf.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    assert json.loads(stage.patch("crlf.txt", "two", "2"))["success"] is True
+    assert (workdir / "crlf.txt").read_bytes() == b"one\r\n2\r\nthree\r\n"
+
+
+def test_search_files_skips_fifos_and_devices(stage, workdir):
+    (workdir / "d").mkdir()
+    (workdir / "d/real.txt").write_text("hello\n")
+    os.mkfifo(workdir / "d/pipe")                       # reading it would block forever
+    (workdir / "d/zero").symlink_to("/dev/zero")         # reading it would never end
+    assert json.loads(stage.search_files("hello", "d"))["matches"] == ["d/real.txt:1: hello"]
+    assert "error" in json.loads(stage.read_file("d/pipe"))
 
 
 # ── result classification ─────────────────────────────────────────────────

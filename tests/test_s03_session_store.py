@@ -105,6 +105,43 @@ def test_cli_resume_and_continue_send_the_restored_history(stage, db_path, monke
     assert len(stage.SessionStore(db_path).list_sessions()) == 1
 
 
+def test_resume_answers_a_tool_call_left_open_by_a_crash(stage, db_path, monkeypatch):
+    """A process killed during a tool call saved the call but not its result."""
+    store = stage.SessionStore(db_path)
+    crashed = recorded_session(stage, store)
+    crashed.messages.append({"role": "user", "content": "run it"})
+    crashed.messages.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "lost", "type": "function",
+         "function": {"name": "terminal", "arguments": '{"command": "sleep 99"}'}}]})
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
+    with FakeOpenAI([reply("recovered")]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        assert stage.main(["--resume", crashed.session_id, "-p", "again"]) == 0
+    sent = server.requests[0]["messages"]
+    assert pairing_problems(sent) == []
+    assert "interrupted" in next(m for m in sent if m.get("tool_call_id") == "lost")["content"]
+    assert pairing_problems(stage.SessionStore(db_path).load_messages(crashed.session_id)) == []
+
+
+@pytest.mark.parametrize("edit", ["UPDATE messages SET tool_calls = '[{'",
+                                  "UPDATE sessions SET started_at = 'yesterday'"])
+def test_a_hand_edited_database_gives_clear_errors(stage, db_path, monkeypatch, capsys, edit):
+    store = stage.SessionStore(db_path)
+    broken = recorded_session(stage, store)
+    broken.messages.append({"role": "user", "content": "hi"})
+    broken.messages.append({"role": "assistant", "content": "", "tool_calls": []})
+    with store.db:
+        store.db.execute(edit)
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
+    session = stage.open_session(stage.parse_args([]))
+    stage.show_sessions(session, "")
+    ok = stage.resume_session(session, broken.session_id)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert ok or "error: could not load the session" in err
+    assert ok is False or "error: could not list sessions" in out
+
+
 @pytest.mark.parametrize("flags", [["--resume", "no-such-session"], ["--continue"]])
 def test_resume_of_a_missing_session_is_one_clear_error(stage, db_path, monkeypatch, capsys, flags):
     monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
