@@ -342,19 +342,25 @@ def test_input_that_is_not_utf8_is_replaced_not_fatal(stage_name, tmp_path):
     assert "caf\ufffd" in out and b"Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("stage_name", STAGES)
-def test_sigterm_ends_the_agent_and_kills_the_running_command(stage_name, tmp_path):
+def agent_running_a_long_command(stage_name, tmp_path) -> subprocess.Popen:
+    """A REPL (stdin a pipe) busy with `sleep 30`, whose pid is in tmp_path/sleeper.pid."""
     proc = subprocess.Popen([sys.executable, str(Path("agents") / f"{stage_name}.py")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=clean_env(LEARN_HERMES_HOME=str(tmp_path / "h")),
                             cwd=Path(__file__).parent.parent)
+    proc.stdin.write(f"$ cd {tmp_path} && echo $$ > sleeper.pid && exec sleep 30\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 15
+    while not (tmp_path / "sleeper.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return proc
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_sigterm_ends_the_agent_and_kills_the_running_command(stage_name, tmp_path):
+    proc = agent_running_a_long_command(stage_name, tmp_path)
     try:
-        proc.stdin.write(f"$ cd {tmp_path} && echo $$ > sleeper.pid && exec sleep 30\n")
-        proc.stdin.flush()
-        deadline = time.monotonic() + 15
-        while not (tmp_path / "sleeper.pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=20)
     finally:
@@ -373,16 +379,8 @@ def test_help_and_quit_commands(stage_name, tmp_path):
 
 @pytest.mark.parametrize("stage_name", STAGES)
 def test_ctrl_c_cancels_the_turn_and_keeps_the_repl(stage_name, tmp_path):
-    proc = subprocess.Popen([sys.executable, str(Path("agents") / f"{stage_name}.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=clean_env(), cwd=Path(__file__).parent.parent)
+    proc = agent_running_a_long_command(stage_name, tmp_path)
     try:
-        proc.stdin.write(f"$ cd {tmp_path} && echo $$ > sleeper.pid && exec sleep 30\n")
-        proc.stdin.flush()
-        deadline = time.monotonic() + 15
-        while not (tmp_path / "sleeper.pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate("$ echo still-alive\n", timeout=20)
     finally:
