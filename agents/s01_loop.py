@@ -31,6 +31,7 @@ import argparse
 import codecs
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,13 +121,16 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass                                    # already gone
 
 
-def copy_output(stream, output: BoundedOutput) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe.
-    Bytes are decoded as UTF-8; anything else becomes �, never an exception."""
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for chunk in iter(lambda: stream.read1(65536), b""):
-        output.add(decoder.decode(chunk))
-    output.add(decoder.decode(b"", final=True))
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
 
 
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
@@ -156,10 +160,11 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    output = BoundedOutput()
-    reader = threading.Thread(target=copy_output, args=(proc.stdout, output), daemon=True)
-    reader.start()
+    output, stop = BoundedOutput(), threading.Event()
     try:
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
         kill_process_group(proc)
@@ -173,6 +178,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
     note = f"\n[command timed out after {timeout}s; its process group was killed]"
     if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
         note += "\n[a process outside the group still holds the output; shown so far]"
     return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
@@ -182,6 +188,20 @@ TOOL_SCHEMAS = [TERMINAL_SCHEMA]
 TOOL_HANDLERS = {"terminal": run_terminal}
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
 
 
 def safe_text(text: str) -> str:
@@ -198,7 +218,7 @@ def call_parts(call) -> tuple[str, str, str]:
     arguments = getattr(function, "arguments", None)
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments)
-    return str(getattr(call, "id", "")), safe_text(str(name or "")), safe_text(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
 def assistant_message_to_dict(message) -> dict:
@@ -233,23 +253,35 @@ def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+
 def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     """Run the calls in order; each one gets exactly one tool message.
 
     If Ctrl-C arrives, the interrupted call and every call after it still get a
     result ("interrupted"), so the conversation stays valid; then we re-raise.
     """
-    for index, (call_id, name, arguments) in enumerate(map(call_parts, tool_calls)):
-        on_event("tool_call", {"name": name, "arguments": arguments})
-        try:
+    try:
+        for call_id, name, arguments in map(call_parts, tool_calls):
+            on_event("tool_call", {"name": name, "arguments": arguments})
             result = safe_text(execute_tool_call(name, arguments))
-        except KeyboardInterrupt:
-            interrupted = json.dumps({"error": "interrupted by the user"})
-            for skipped in tool_calls[index:]:
-                messages.append(tool_message(call_parts(skipped)[0], interrupted))
-            raise
-        messages.append(tool_message(call_id, result))
-        on_event("tool_result", {"name": name, "result": result})
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
 
 
 def run_conversation(client, model: str, messages: list,
@@ -263,7 +295,7 @@ def run_conversation(client, model: str, messages: list,
     for _ in range(max_iterations):
         response = client.chat.completions.create(
             model=model, messages=messages, tools=TOOL_SCHEMAS)
-        message = response.choices[0].message
+        message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
             return message.content or ""
@@ -394,7 +426,8 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     if interactive:
         try:
             return undecodable_to_replacement(input(prompt))
-        except EOFError:
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
             return None
     line = sys.stdin.readline() if sys.stdin else ""
     if not line:
@@ -427,6 +460,7 @@ def repl(session: Session) -> int:
         try:
             run_turn(session, line)
         except KeyboardInterrupt:
+            answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
@@ -549,6 +583,10 @@ def offline_summary(messages: list) -> str:
             output = first_line(data.get("output", ""), 120) or "(no output)"
             lines.append(f"The command exited with code {data['exit_code']}; "
                          f"first line of output: {output}")
+            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
+            if cut:
+                lines.append(f"The output was long: I received its start and end, "
+                             f"{cut.group(1)} characters in the middle were cut.")
         else:
             lines.append(f"The tool reported: {first_line(data.get('error', result), 160)}")
     return "\n".join(lines) or "Done."

@@ -136,13 +136,16 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass                                    # already gone
 
 
-def copy_output(stream, output: BoundedOutput) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe.
-    Bytes are decoded as UTF-8; anything else becomes �, never an exception."""
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for chunk in iter(lambda: stream.read1(65536), b""):
-        output.add(decoder.decode(chunk))
-    output.add(decoder.decode(b"", final=True))
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
 
 
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
@@ -172,10 +175,11 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    output = BoundedOutput()
-    reader = threading.Thread(target=copy_output, args=(proc.stdout, output), daemon=True)
-    reader.start()
+    output, stop = BoundedOutput(), threading.Event()
     try:
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
         kill_process_group(proc)
@@ -189,12 +193,27 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
     note = f"\n[command timed out after {timeout}s; its process group was killed]"
     if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
         note += "\n[a process outside the group still holds the output; shown so far]"
     return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
 
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
 
 
 def safe_text(text: str) -> str:
@@ -211,7 +230,7 @@ def call_parts(call) -> tuple[str, str, str]:
     arguments = getattr(function, "arguments", None)
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments)
-    return str(getattr(call, "id", "")), safe_text(str(name or "")), safe_text(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
 def assistant_message_to_dict(message) -> dict:
@@ -229,6 +248,20 @@ def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
@@ -238,17 +271,15 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
     """
     calls = [call_parts(call) for call in tool_calls]
     checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
-    for index, ((call_id, name, arguments), (args, error)) in enumerate(zip(calls, checked)):
-        on_event("tool_call", {"name": name, "arguments": arguments})
-        try:
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
             result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
-        except KeyboardInterrupt:
-            interrupted = json.dumps({"error": "interrupted by the user"})
-            for skipped_id, _, _ in calls[index:]:
-                messages.append(tool_message(skipped_id, interrupted))
-            raise
-        messages.append(tool_message(call_id, result))
-        on_event("tool_result", {"name": name, "result": result})
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
     return any(error is None for _, error in checked)
 
 
@@ -267,7 +298,7 @@ def run_conversation(client, model: str, messages: list,
     for _ in range(max_iterations):
         response = client.chat.completions.create(
             model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
-        message = response.choices[0].message
+        message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
             return message.content or ""
@@ -437,6 +468,7 @@ def validate_tool_call(name: str, raw_arguments: str,
 # ── [s02] File tools and result classification ─────────────────────────────
 
 MAX_READ_LINES = 500                    # lines returned by one read_file call
+MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
@@ -453,6 +485,21 @@ def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
 
+def bounded_lines(file):
+    """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
+    with no newline at all (a minified bundle, a sparse file) is never read whole."""
+    while line := file.readline(MAX_LINE_CHARS):
+        if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
+            skipped = 0
+            while rest := file.readline(MAX_LINE_CHARS):
+                skipped += len(rest.rstrip("\n"))
+                if rest.endswith("\n"):
+                    break
+            if skipped:
+                line += f" … [{skipped} characters of this line cut]"
+        yield line.rstrip("\n")
+
+
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = Path(path)
@@ -463,9 +510,8 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     chosen, total = [], 0
     # Line by line, so a log of several gigabytes never has to fit in memory.
     with open(target, encoding="utf-8", errors="replace") as file:
-        for total, line in enumerate(file, start=1):
+        for total, text in enumerate(bounded_lines(file), start=1):
             if offset <= total < offset + limit:
-                text = line.rstrip("\n")
                 chosen.append(f"{total:>6}|{text}")
     content = BoundedOutput()               # one huge line must not flood the model
     content.add("\n".join(chosen))
@@ -709,7 +755,8 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     if interactive:
         try:
             return undecodable_to_replacement(input(prompt))
-        except EOFError:
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
             return None
     line = sys.stdin.readline() if sys.stdin else ""
     if not line:
@@ -742,6 +789,7 @@ def repl(session: Session) -> int:
         try:
             run_turn(session, line)
         except KeyboardInterrupt:
+            answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
@@ -921,6 +969,10 @@ def offline_summary(messages: list) -> str:
             output = first_line(data.get("output", ""), 120) or "(no output)"
             lines.append(f"The command exited with code {data['exit_code']}; "
                          f"first line of output: {output}")
+            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
+            if cut:
+                lines.append(f"The output was long: I received its start and end, "
+                             f"{cut.group(1)} characters in the middle were cut.")
         elif "bytes_written" in data:
             lines.append(f"Wrote {data['bytes_written']} bytes to {data['path']}.")
         elif "replacements" in data:

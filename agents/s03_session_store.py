@@ -133,13 +133,16 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass                                    # already gone
 
 
-def copy_output(stream, output: BoundedOutput) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe.
-    Bytes are decoded as UTF-8; anything else becomes �, never an exception."""
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for chunk in iter(lambda: stream.read1(65536), b""):
-        output.add(decoder.decode(chunk))
-    output.add(decoder.decode(b"", final=True))
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
 
 
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
@@ -169,10 +172,11 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    output = BoundedOutput()
-    reader = threading.Thread(target=copy_output, args=(proc.stdout, output), daemon=True)
-    reader.start()
+    output, stop = BoundedOutput(), threading.Event()
     try:
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
         kill_process_group(proc)
@@ -186,12 +190,27 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
     note = f"\n[command timed out after {timeout}s; its process group was killed]"
     if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
         note += "\n[a process outside the group still holds the output; shown so far]"
     return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
 
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
 
 
 def safe_text(text: str) -> str:
@@ -208,7 +227,7 @@ def call_parts(call) -> tuple[str, str, str]:
     arguments = getattr(function, "arguments", None)
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments)
-    return str(getattr(call, "id", "")), safe_text(str(name or "")), safe_text(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
 def assistant_message_to_dict(message) -> dict:
@@ -226,6 +245,20 @@ def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
@@ -235,17 +268,15 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
     """
     calls = [call_parts(call) for call in tool_calls]
     checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
-    for index, ((call_id, name, arguments), (args, error)) in enumerate(zip(calls, checked)):
-        on_event("tool_call", {"name": name, "arguments": arguments})
-        try:
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
             result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
-        except KeyboardInterrupt:
-            interrupted = json.dumps({"error": "interrupted by the user"})
-            for skipped_id, _, _ in calls[index:]:
-                messages.append(tool_message(skipped_id, interrupted))
-            raise
-        messages.append(tool_message(call_id, result))
-        on_event("tool_result", {"name": name, "result": result})
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
     return any(error is None for _, error in checked)
 
 
@@ -264,7 +295,7 @@ def run_conversation(client, model: str, messages: list,
     for _ in range(max_iterations):
         response = client.chat.completions.create(
             model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
-        message = response.choices[0].message
+        message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
             return message.content or ""
@@ -434,6 +465,7 @@ def validate_tool_call(name: str, raw_arguments: str,
 # ── [s02] File tools and result classification ─────────────────────────────
 
 MAX_READ_LINES = 500                    # lines returned by one read_file call
+MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
@@ -450,6 +482,21 @@ def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
 
+def bounded_lines(file):
+    """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
+    with no newline at all (a minified bundle, a sparse file) is never read whole."""
+    while line := file.readline(MAX_LINE_CHARS):
+        if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
+            skipped = 0
+            while rest := file.readline(MAX_LINE_CHARS):
+                skipped += len(rest.rstrip("\n"))
+                if rest.endswith("\n"):
+                    break
+            if skipped:
+                line += f" … [{skipped} characters of this line cut]"
+        yield line.rstrip("\n")
+
+
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = Path(path)
@@ -460,9 +507,8 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     chosen, total = [], 0
     # Line by line, so a log of several gigabytes never has to fit in memory.
     with open(target, encoding="utf-8", errors="replace") as file:
-        for total, line in enumerate(file, start=1):
+        for total, text in enumerate(bounded_lines(file), start=1):
             if offset <= total < offset + limit:
-                text = line.rstrip("\n")
                 chosen.append(f"{total:>6}|{text}")
     content = BoundedOutput()               # one huge line must not flood the model
     content.add("\n".join(chosen))
@@ -958,8 +1004,12 @@ def resume_session(session: Session, session_id: str) -> bool:
     try:
         if session_id == "latest":
             latest = session.store.list_sessions(limit=1)
-            session_id = latest[0][0] if latest else ""
-        if not session_id or not session.store.session_exists(session_id):
+            if not latest:
+                err_console.print(Text("error: there are no saved sessions yet, so nothing "
+                                       "to continue", style="red"))
+                return False
+            session_id = latest[0][0]
+        if not session.store.session_exists(session_id):
             err_console.print(Text(f"error: no saved session '{session_id}' (see /sessions)",
                                    style="red"))
             return False
@@ -968,20 +1018,12 @@ def resume_session(session: Session, session_id: str) -> bool:
         err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
         return False
     session.switch_to(session_id, messages)
-    answer_dangling_calls(session.messages)
+    # A session killed in the middle of a tool call was saved without its result;
+    # answer it now, or the endpoint rejects every request that follows.
+    answer_open_tool_calls(session.messages,
+                           "interrupted: the agent stopped before this tool call finished")
     console.print(Text(f"[resumed session {session_id}: {len(messages)} messages]", style="green"))
     return True
-
-
-def answer_dangling_calls(messages: list) -> None:
-    """A session killed in the middle of a tool call was saved without its result.
-    Answer such calls now, or the endpoint rejects every request that follows."""
-    last_turn = next((m for m in reversed(messages) if m.get("role") != "tool"), {})
-    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
-    for call in last_turn.get("tool_calls") or []:
-        if call.get("id") not in answered:
-            messages.append(tool_message(call.get("id"), json.dumps(
-                {"error": "interrupted: the agent stopped before this tool call finished"})))
 
 
 def resume_command(session: Session, argument: str) -> None:
@@ -1030,7 +1072,8 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     if interactive:
         try:
             return undecodable_to_replacement(input(prompt))
-        except EOFError:
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
             return None
     line = sys.stdin.readline() if sys.stdin else ""
     if not line:
@@ -1063,6 +1106,7 @@ def repl(session: Session) -> int:
         try:
             run_turn(session, line)
         except KeyboardInterrupt:
+            answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
@@ -1108,7 +1152,7 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"same list as before: {second.messages == first.messages}; "
                                f"roles: {' '.join(m['role'] for m in second.messages)}", style="dim"))
             demo_say(second, "$ cat plan.txt")
-            console.print(Text("\nWithout FTS5 the same search falls back to LIKE:", style="bold"))
+            console.print(Text("\nWithout FTS5, a search falls back to LIKE:", style="bold"))
             demo_say(demo_session(session, open_store(path, use_fts=False)), "search launch code")
             console.print(Text("\nA corrupt database: one warning, and the agent keeps working.",
                                style="bold"))
@@ -1270,6 +1314,10 @@ def offline_summary(messages: list) -> str:
             output = first_line(data.get("output", ""), 120) or "(no output)"
             lines.append(f"The command exited with code {data['exit_code']}; "
                          f"first line of output: {output}")
+            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
+            if cut:
+                lines.append(f"The output was long: I received its start and end, "
+                             f"{cut.group(1)} characters in the middle were cut.")
         elif "bytes_written" in data:
             lines.append(f"Wrote {data['bytes_written']} bytes to {data['path']}.")
         elif "replacements" in data:

@@ -22,7 +22,7 @@ Changes from s03
     COMMANDS, HELP_TEXT   /prompt shows the assembled prompt
     run_demo(), DEMO_INPUTS   a clean and a poisoned AGENTS.md in a temporary folder
     STAGE, STAGE_TITLE    this stage's name
-    <imports>             platform, unicodedata
+    <imports>             html, platform, unicodedata
     offline_reply(), OFFLINE_HELP   the prompt verb: what the model received
 
 Run
@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import fnmatch
+import html
 import json
 import os
 import platform
@@ -136,13 +137,16 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass                                    # already gone
 
 
-def copy_output(stream, output: BoundedOutput) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe.
-    Bytes are decoded as UTF-8; anything else becomes �, never an exception."""
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for chunk in iter(lambda: stream.read1(65536), b""):
-        output.add(decoder.decode(chunk))
-    output.add(decoder.decode(b"", final=True))
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
 
 
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
@@ -172,10 +176,11 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    output = BoundedOutput()
-    reader = threading.Thread(target=copy_output, args=(proc.stdout, output), daemon=True)
-    reader.start()
+    output, stop = BoundedOutput(), threading.Event()
     try:
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
         kill_process_group(proc)
@@ -189,12 +194,27 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
     note = f"\n[command timed out after {timeout}s; its process group was killed]"
     if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
         note += "\n[a process outside the group still holds the output; shown so far]"
     return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
 
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
 
 
 def safe_text(text: str) -> str:
@@ -211,7 +231,7 @@ def call_parts(call) -> tuple[str, str, str]:
     arguments = getattr(function, "arguments", None)
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments)
-    return str(getattr(call, "id", "")), safe_text(str(name or "")), safe_text(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
 def assistant_message_to_dict(message) -> dict:
@@ -229,6 +249,20 @@ def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
@@ -238,17 +272,15 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
     """
     calls = [call_parts(call) for call in tool_calls]
     checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
-    for index, ((call_id, name, arguments), (args, error)) in enumerate(zip(calls, checked)):
-        on_event("tool_call", {"name": name, "arguments": arguments})
-        try:
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
             result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
-        except KeyboardInterrupt:
-            interrupted = json.dumps({"error": "interrupted by the user"})
-            for skipped_id, _, _ in calls[index:]:
-                messages.append(tool_message(skipped_id, interrupted))
-            raise
-        messages.append(tool_message(call_id, result))
-        on_event("tool_result", {"name": name, "result": result})
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
     return any(error is None for _, error in checked)
 
 
@@ -267,7 +299,7 @@ def run_conversation(client, model: str, messages: list,
     for _ in range(max_iterations):
         response = client.chat.completions.create(
             model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
-        message = response.choices[0].message
+        message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
             return message.content or ""
@@ -437,6 +469,7 @@ def validate_tool_call(name: str, raw_arguments: str,
 # ── [s02] File tools and result classification ─────────────────────────────
 
 MAX_READ_LINES = 500                    # lines returned by one read_file call
+MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
@@ -453,6 +486,21 @@ def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
 
+def bounded_lines(file):
+    """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
+    with no newline at all (a minified bundle, a sparse file) is never read whole."""
+    while line := file.readline(MAX_LINE_CHARS):
+        if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
+            skipped = 0
+            while rest := file.readline(MAX_LINE_CHARS):
+                skipped += len(rest.rstrip("\n"))
+                if rest.endswith("\n"):
+                    break
+            if skipped:
+                line += f" … [{skipped} characters of this line cut]"
+        yield line.rstrip("\n")
+
+
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = Path(path)
@@ -463,9 +511,8 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     chosen, total = [], 0
     # Line by line, so a log of several gigabytes never has to fit in memory.
     with open(target, encoding="utf-8", errors="replace") as file:
-        for total, line in enumerate(file, start=1):
+        for total, text in enumerate(bounded_lines(file), start=1):
             if offset <= total < offset + limit:
-                text = line.rstrip("\n")
                 chosen.append(f"{total:>6}|{text}")
     content = BoundedOutput()               # one huge line must not flood the model
     content.add("\n".join(chosen))
@@ -852,10 +899,15 @@ CONTEXT_FILE_MAX_CHARS = 20_000         # one context file's share of the system
 MAX_CONTEXT_FILE_BYTES = 1_000_000      # larger files are skipped, not read
 _SCAN_MAX_CHARS = 65_536                # bounds the regex work on a huge file
 
-# Marks that change how text looks, not what it says: variation selectors (the
-# emoji in "⚠️") and the combining grapheme joiner. Removed before matching, so
-# they cannot split a keyword; not reported, because ordinary text uses them.
-_IGNORABLE = re.compile("[\u034f\ufe00-\ufe0f\U000e0100-\U000e01ef]")
+# Characters a reviewer cannot see but the model still reads: Unicode's "default
+# ignorable" code points (zero-width spaces and joiners, bidi controls, soft hyphens,
+# Hangul fillers, tag characters, ...) plus every other format character (Cf).
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+                        "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0"
+                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+# Variation selectors also count, but the emoji in "⚠️" carries one, so they are
+# removed before matching (they cannot split a keyword) and not reported.
+_EMOJI_SELECTORS = re.compile("[\ufe00-\ufe0f]")
 
 # An attack has many wordings ("ignore ALL OF YOUR previous instructions"), so most
 # patterns look for key words in order with up to 8 filler words between them, as
@@ -868,7 +920,7 @@ _FILLER = rf"(?:{_WORD}{_GAP}){{0,8}}"
 # "Do not ignore the rules" is the opposite of an attack, and common in AGENTS.md.
 # "Why not ignore ..." is not a negation.
 _NOT_NEGATED = r"(?<!(?<!why\s)\bnot\s)(?<!\bnever\s)(?<!\bdont\s)(?<!n't\s)(?<!n’t\s)"
-_SECRET_VARIABLE = r"\$\{?\w*(?:KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)S?\b"
+_SECRET_VARIABLE = r"\$(?:env:)?\{?\w*(?:KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)S?\b"
 _SECRET_FILE = (r"(?:\.env(?!\.example|\.sample|\.template)|\.netrc|\.pgpass|\.npmrc|\.pypirc"
                 r"|credentials(?:\.json)?(?![\w.]))\b")
 
@@ -893,22 +945,29 @@ THREAT_PATTERNS = [
     # Secrecy: the user must not learn what the agent did.
     ("hide_from_user", _near("(?:do not|don['’]?t)", "tell", "the user")),
     # Sending a secret from the environment to a server, or reading a secrets file.
-    ("exfil_curl", re.compile(rf"\bcurl\s[^\n]{{0,1000}}?{_SECRET_VARIABLE}", re.IGNORECASE)),
-    ("exfil_wget", re.compile(rf"\bwget\s[^\n]{{0,1000}}?{_SECRET_VARIABLE}", re.IGNORECASE)),
+    ("exfil_curl",
+     re.compile(rf"\bcurl(?:\.exe)?\s[^\n]{{0,1000}}?{_SECRET_VARIABLE}", re.IGNORECASE)),
+    ("exfil_wget",
+     re.compile(rf"\bwget(?:\.exe)?\s[^\n]{{0,1000}}?{_SECRET_VARIABLE}", re.IGNORECASE)),
+    ("exfil_pipe",              # echo $OPENAI_API_KEY | curl -d @- https://...
+     re.compile(rf"{_SECRET_VARIABLE}[^\n]{{0,200}}?\|\s*(?:curl|wget|nc)\b", re.IGNORECASE)),
     ("read_secrets",            # the secrets file is one of cat's next few arguments
-     re.compile(rf"\bcat\s+(?:[^\s;|&,<>]+\s+){{0,3}}[^\s;|&,<>]*{_SECRET_FILE}", re.IGNORECASE)),
+     re.compile(rf"\bcat(?:\s+|\s*<\s*)(?:[^\s;|&,<>]+\s+){{0,3}}[^\s;|&,<>]*{_SECRET_FILE}",
+                re.IGNORECASE)),
 ]
 
 # Rendered Markdown hides these from a human; the model reads the source.
 _COMMENT_KEYWORD = re.compile(r"(?<![a-z])(?:ignore|override|system|secret|hidden)(?![a-z])",
                               re.IGNORECASE)
-_TOOL_COMMENT = re.compile(r"prettier-ignore(?:-start|-end)?", re.IGNORECASE)
+# Formatters' and linters' markers: <!-- prettier-ignore -->, <!-- cspell:ignore x -->.
+_TOOL_COMMENT = re.compile(r"\b(?:prettier|dprint|deno-fmt|cspell|codespell|markdownlint|"
+                           r"eslint|textlint|alex|lint)[-: ]ignore\S*", re.IGNORECASE)
 _HIDING_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
 
 
 def hidden_comment_directive(text: str) -> bool:
     """An HTML comment, closed or not, that contains a directive keyword.
-    (`<!-- prettier-ignore -->`, a formatter's marker, is not a directive.)"""
+    (A formatter's marker such as `<!-- prettier-ignore -->` is not a directive.)"""
     start = text.find("<!--")
     while start != -1:
         end = text.find("-->", start + 4)
@@ -920,32 +979,50 @@ def hidden_comment_directive(text: str) -> bool:
 
 
 def hidden_element(text: str) -> bool:
-    """An HTML tag whose style hides it: display:none or visibility:hidden."""
-    return any(_HIDING_STYLE.search(tag.group())
-               for tag in re.finditer(r"<[a-z][^<>]{0,2000}", text, re.IGNORECASE))
+    """An HTML tag whose style hides it: display:none or visibility:hidden, also
+    written with entities (`&colon;`) or CSS comments (`display:/**/none`)."""
+    for tag in re.finditer(r"<[a-z][^<>]*", text, re.IGNORECASE):
+        style = re.sub(r"/\*.*?\*/", "", html.unescape(tag.group()))
+        if _HIDING_STYLE.search(style):
+            return True
+    return False
 
 
 STRUCTURE_CHECKS = [("html_comment_directive", hidden_comment_directive),
                     ("hidden_element", hidden_element)]
 
 
+def is_invisible(char: str) -> bool:
+    return bool(_INVISIBLE.match(char)) or unicodedata.category(char) == "Cf"
+
+
 def invisible_characters(text: str) -> set[str]:
-    """Format characters (Unicode category Cf): zero-width spaces and joiners, bidi
-    controls, soft hyphens, tag characters. A reviewer cannot see them; the model can."""
-    return {char for char in set(text) if unicodedata.category(char) == "Cf"}
+    return {char for char in set(text) if is_invisible(char)}
+
+
+def normalise_text(text: str) -> str:
+    """Invisible characters removed (so they cannot split a keyword), NFKC (full-width
+    "ｉｇｎｏｒｅ" becomes "ignore"), one kind of space and of line break, and shell
+    line continuations joined."""
+    visible = "".join(char for char in text if not is_invisible(char))
+    normal = unicodedata.normalize("NFKC", _EMOJI_SELECTORS.sub("", visible))
+    normal = re.sub(r"\\\r?\n", " ", normal)                 # curl … \<newline> -d …
+    normal = re.sub(r"\r\n|[\r\v\f\x85\u2028\u2029]", "\n", normal)
+    return re.sub(r"[^\S\n]+", " ", normal)                   # tabs, NBSP … → one space
 
 
 def fold_text(text: str) -> str:
-    """The text as the patterns see it: invisible characters removed (so they cannot
-    split a keyword), NFKC (full-width "ｉｇｎｏｒｅ" becomes "ignore"), one kind of
-    space and line break, no Markdown emphasis, shell line continuations joined."""
-    visible = _IGNORABLE.sub("", "".join(c for c in text if unicodedata.category(c) != "Cf"))
-    folded = unicodedata.normalize("NFKC", visible).replace("\r\n", "\n")
-    folded = re.sub(r"\\\n", " ", folded)                     # curl … \<newline> -d …
-    folded = re.sub(r"[\r\v\f\x85\u2028\u2029]", "\n", folded)
-    folded = re.sub(r"[^\S\n]+", " ", folded)                 # tabs, NBSP … → one space
-    folded = re.sub(r"[*~`]+", "", folded)                    # "ignore **all** previous"
+    """What the word patterns see: normalised, without Markdown emphasis or code
+    marks ("ignore **all** previous", "__your__"), "any and all" read as "all"."""
+    folded = re.sub(r"[*~`]+|(?<!\w)_+|_+(?!\w)", "", normalise_text(text))
     return re.sub(r"\bany and all\b", "all", folded, flags=re.IGNORECASE)
+
+
+def rendered_markup(text: str) -> str:
+    """What the structure checks see: Markdown shows code spans and fenced blocks
+    as written, so HTML inside them cannot hide anything; drop them."""
+    without_fences = re.sub(r"^```.*?^```", "", normalise_text(text), flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", without_fences)
 
 
 def find_injection(text: str) -> list[str]:
@@ -954,9 +1031,9 @@ def find_injection(text: str) -> list[str]:
     findings = {"invisible_unicode"} if invisible_characters(text) else set()
     # NFKC folds look-alike forms of Latin letters; it does not fold other
     # scripts: a Cyrillic "а" still slips through.
-    folded = fold_text(text)
+    folded, markup = fold_text(text), rendered_markup(text)
     findings.update(finding for finding, pattern in THREAT_PATTERNS if pattern.search(folded))
-    findings.update(finding for finding, check in STRUCTURE_CHECKS if check(folded))
+    findings.update(finding for finding, check in STRUCTURE_CHECKS if check(markup))
     return sorted(findings)
 
 
@@ -1162,8 +1239,12 @@ def resume_session(session: Session, session_id: str) -> bool:
     try:
         if session_id == "latest":
             latest = session.store.list_sessions(limit=1)
-            session_id = latest[0][0] if latest else ""
-        if not session_id or not session.store.session_exists(session_id):
+            if not latest:
+                err_console.print(Text("error: there are no saved sessions yet, so nothing "
+                                       "to continue", style="red"))
+                return False
+            session_id = latest[0][0]
+        if not session.store.session_exists(session_id):
             err_console.print(Text(f"error: no saved session '{session_id}' (see /sessions)",
                                    style="red"))
             return False
@@ -1172,20 +1253,12 @@ def resume_session(session: Session, session_id: str) -> bool:
         err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
         return False
     session.switch_to(session_id, messages)
-    answer_dangling_calls(session.messages)
+    # A session killed in the middle of a tool call was saved without its result;
+    # answer it now, or the endpoint rejects every request that follows.
+    answer_open_tool_calls(session.messages,
+                           "interrupted: the agent stopped before this tool call finished")
     console.print(Text(f"[resumed session {session_id}: {len(messages)} messages]", style="green"))
     return True
-
-
-def answer_dangling_calls(messages: list) -> None:
-    """A session killed in the middle of a tool call was saved without its result.
-    Answer such calls now, or the endpoint rejects every request that follows."""
-    last_turn = next((m for m in reversed(messages) if m.get("role") != "tool"), {})
-    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
-    for call in last_turn.get("tool_calls") or []:
-        if call.get("id") not in answered:
-            messages.append(tool_message(call.get("id"), json.dumps(
-                {"error": "interrupted: the agent stopped before this tool call finished"})))
 
 
 def resume_command(session: Session, argument: str) -> None:
@@ -1245,7 +1318,8 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     if interactive:
         try:
             return undecodable_to_replacement(input(prompt))
-        except EOFError:
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
             return None
     line = sys.stdin.readline() if sys.stdin else ""
     if not line:
@@ -1278,6 +1352,7 @@ def repl(session: Session) -> int:
         try:
             run_turn(session, line)
         except KeyboardInterrupt:
+            answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
@@ -1482,6 +1557,10 @@ def offline_summary(messages: list) -> str:
             output = first_line(data.get("output", ""), 120) or "(no output)"
             lines.append(f"The command exited with code {data['exit_code']}; "
                          f"first line of output: {output}")
+            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
+            if cut:
+                lines.append(f"The output was long: I received its start and end, "
+                             f"{cut.group(1)} characters in the middle were cut.")
         elif "bytes_written" in data:
             lines.append(f"Wrote {data['bytes_written']} bytes to {data['path']}.")
         elif "replacements" in data:

@@ -13,6 +13,7 @@ Turn formats:
     {"content": str, "tool_calls": [{"id", "name", "arguments"}], "finish_reason": str}
     a tool call may also be {"raw": {...}}: sent exactly as given, malformed or not
     {"status": 429, "message": "slow down", "headers": {"Retry-After": "1"}}
+    {"body": "<html>…</html>", "content_type": "text/html"}   (status 200, sent as is)
 
 Run it standalone to serve a JSON script:  python tests/fake_openai.py script.json 8765
 """
@@ -44,6 +45,11 @@ def call(name: str, arguments, call_id: str | None = None) -> dict:
 def raw_call(payload: dict) -> dict:
     """A tool call sent exactly as given, even if it is malformed."""
     return {"raw": payload}
+
+
+def raw_body(body: str, content_type: str = "application/json") -> dict:
+    """An HTTP 200 answer with exactly this body, e.g. one that is not a chat completion."""
+    return {"body": body, "content_type": content_type}
 
 
 def http_error(status: int, message: str = "scripted error", headers: dict | None = None) -> dict:
@@ -81,6 +87,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_raw(self, body: str, content_type: str) -> None:
+        data = body.encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self):
         self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
@@ -94,6 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
             number = len(fake.requests)
         if turn is None:
             self._send(500, {"error": {"message": "fake server: script exhausted"}})
+        elif "body" in turn:
+            self._send_raw(turn["body"], turn.get("content_type", "application/json"))
         elif "status" in turn:
             self._send(turn["status"], {"error": {"message": turn["message"], "type": "scripted",
                                                   "code": None}}, turn.get("headers"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_openai import FakeOpenAI, call, http_error, raw_call, reply
+from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
 from helpers import clean_env, load_stage, pairing_problems, run_stage, stages_from
 
 STAGES = stages_from("s01")
@@ -98,6 +98,8 @@ MALFORMED_CALLS = [
     call("terminal", '{"command": "echo", "timeout": 1' + "0" * 5000 + "}", "m6"),
     call("terminal", "[" * 100_000 + "]" * 100_000, "m7"),
     call("terminal", '{"command": "echo \\ud800 lone surrogate"}', "m8"),
+    raw_call({"id": "m9\ud800", "type": "function",
+              "function": {"name": "terminal", "arguments": '{"command": "echo id"}'}}),
 ]
 
 
@@ -106,9 +108,46 @@ def test_malformed_tool_calls_get_a_result_each_and_never_crash(stage):
         answer, messages = run_loop(stage, server)
     assert answer == "still here"
     assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == \
-        [f"m{n}" for n in range(1, 9)]
+        [f"m{n}" for n in range(1, 9)] + ["m9?"]
     assert_every_request_paired(server)
     json.dumps(messages).encode("utf-8")       # everything is valid, encodable text
+
+
+@pytest.mark.parametrize("event", ["tool_call", "tool_result"])
+def test_ctrl_c_while_a_call_is_shown_still_answers_every_call(stage, event):
+    """The REPL prints each call and result; Ctrl-C can land there, too."""
+    def interrupt_on(kind, data):
+        if kind == event:
+            raise KeyboardInterrupt
+    calls = [call("terminal", {"command": "echo a"}, "a"),
+             call("terminal", {"command": "echo b"}, "b")]
+    with FakeOpenAI([reply("", *calls)]) as server:
+        client = stage.make_client(server.url, "k")
+        messages = [{"role": "user", "content": "go"}]
+        with pytest.raises(KeyboardInterrupt):
+            stage.run_conversation(client, "m", messages, on_event=interrupt_on)
+    assert pairing_problems(messages) == []
+    assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == ["a", "b"]
+
+
+NOT_A_COMPLETION = [
+    raw_body('{"id": "x", "object": "chat.completion", "choices": []}'),
+    raw_body('{"error": {"message": "quota exceeded"}}'),
+    raw_body('{"choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}'),
+    raw_body('{"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": '
+             '"assistant", "content": [{"type": "text", "text": "parts"}]}}]}'),
+    raw_body("<html><body>Welcome to nginx!</body></html>", "text/html"),
+]
+
+
+@pytest.mark.parametrize("body", NOT_A_COMPLETION)
+def test_an_answer_that_is_not_a_chat_completion_is_one_line(stage, body, monkeypatch, capsys):
+    with FakeOpenAI([body]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        assert stage.main(["-p", "hi"]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "not a chat completion" in lines[0], err
 
 
 def test_iteration_limit_ends_the_turn_with_a_clear_message(stage):
@@ -211,6 +250,22 @@ def test_timeout_returns_even_if_an_escaped_process_holds_the_pipe(stage, tmp_pa
     assert result["output"].startswith("before\n")
     assert "a process outside the group still holds the output" in result["output"]
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+def test_a_writer_that_escaped_the_group_is_cut_off(stage, tmp_path, monkeypatch):
+    """After a timeout the tool stops reading; closing the pipe ends an endless writer."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(stage, "DRAIN_AFTER_KILL", 0.5)
+    result = json.loads(stage.run_terminal(
+        "setsid sh -c 'echo $$ > writer.pid; exec yes' & sleep 30", timeout=1))
+    writer = int((tmp_path / "writer.pid").read_text())
+    try:
+        assert result["exit_code"] == 124
+        assert dies_soon(writer, within=5)
+    finally:
+        if pid_alive(writer):
+            os.kill(writer, signal.SIGKILL)
 
 
 def test_long_output_keeps_head_and_tail_with_a_marker(stage):
@@ -367,6 +422,14 @@ def test_sigterm_ends_the_agent_and_kills_the_running_command(stage_name, tmp_pa
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM
     assert dies_soon(int((tmp_path / "sleeper.pid").read_text()))
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_offline_model_says_when_output_was_cut(stage_name, tmp_path):
+    result = run_stage(stage_name, "-p", "$ yes | head -c 100000", cwd=tmp_path,
+                       env=clean_env(LEARN_HERMES_HOME=str(tmp_path / "h")))
+    assert result.returncode == 0
+    assert f"{100_000 - 12_000} characters in the middle were cut" in result.stdout
 
 
 @pytest.mark.parametrize("stage_name", STAGES)

@@ -196,6 +196,16 @@ def test_read_file_is_capped(stage, workdir):
     assert result["content"].count("\n") == stage.MAX_READ_LINES - 1
 
 
+def test_read_file_cuts_a_huge_line_without_reading_it_whole(stage, workdir):
+    with open(workdir / "bundle.min.js", "w") as file:
+        file.write("x" * 3_000_000 + "\nsecond line\n")
+    result = json.loads(stage.read_file("bundle.min.js"))
+    first, second = result["content"].split("\n")
+    cut = 3_000_000 - stage.MAX_LINE_CHARS
+    assert first == "     1|" + "x" * stage.MAX_LINE_CHARS + f" … [{cut} characters of this line cut]"
+    assert second == "     2|second line" and result["total_lines"] == 2
+
+
 def test_patch_replaces_unique_text_and_refuses_missing_or_ambiguous(stage, workdir):
     target = workdir / "code.py"
     target.write_text("a = 1\nb = 1\n")

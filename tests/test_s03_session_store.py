@@ -123,9 +123,18 @@ def test_resume_answers_a_tool_call_left_open_by_a_crash(stage, db_path, monkeyp
     assert pairing_problems(stage.SessionStore(db_path).load_messages(crashed.session_id)) == []
 
 
-@pytest.mark.parametrize("edit", ["UPDATE messages SET tool_calls = '[{'",
-                                  "UPDATE sessions SET started_at = 'yesterday'"])
-def test_a_hand_edited_database_gives_clear_errors(stage, db_path, monkeypatch, capsys, edit):
+HAND_EDITS = [  # (SQL a curious learner might run, resume works?, /sessions works?)
+    ("UPDATE messages SET tool_calls = '[{'", False, True),
+    ("UPDATE messages SET tool_calls = '[1]'", True, True),
+    ("UPDATE messages SET tool_calls = '5'", True, True),
+    ("""UPDATE messages SET tool_calls = '[{"id": ["x"]}]'""", True, True),
+    ("UPDATE sessions SET started_at = 'yesterday'", True, False),
+]
+
+
+@pytest.mark.parametrize("edit,resumes,lists", HAND_EDITS)
+def test_a_hand_edited_database_gives_clear_errors(stage, db_path, monkeypatch, capsys,
+                                                   edit, resumes, lists):
     store = stage.SessionStore(db_path)
     broken = recorded_session(stage, store)
     broken.messages.append({"role": "user", "content": "hi"})
@@ -135,11 +144,11 @@ def test_a_hand_edited_database_gives_clear_errors(stage, db_path, monkeypatch, 
     monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
     session = stage.open_session(stage.parse_args([]))
     stage.show_sessions(session, "")
-    ok = stage.resume_session(session, broken.session_id)
+    assert stage.resume_session(session, broken.session_id) is resumes
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
-    assert ok or "error: could not load the session" in err
-    assert ok is False or "error: could not list sessions" in out
+    assert resumes or "error: could not load the session" in err
+    assert lists or "error: could not list sessions" in out
 
 
 @pytest.mark.parametrize("flags", [["--resume", "no-such-session"], ["--continue"]])
@@ -147,9 +156,9 @@ def test_resume_of_a_missing_session_is_one_clear_error(stage, db_path, monkeypa
     monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
     assert stage.main(flags + ["-p", "hi"]) == 1
     err = capsys.readouterr().err
-    assert [line for line in err.splitlines() if line.startswith("error:")] == \
-        [f"error: no saved session '{'no-such-session' if '--resume' in flags else ''}' "
-         f"(see /sessions)"]
+    expected = ("error: no saved session 'no-such-session' (see /sessions)" if "--resume" in flags
+                else "error: there are no saved sessions yet, so nothing to continue")
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [expected]
     assert stage.SessionStore(db_path).list_sessions() == []
 
 
