@@ -78,20 +78,16 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: dict, headers: dict | None = None) -> None:
-        data = json.dumps(body).encode("utf-8")
+        self._send_raw(json.dumps(body), "application/json", status, headers)
+
+    def _send_raw(self, body: str, content_type: str, status: int = 200,
+                  headers: dict | None = None) -> None:
+        data = body.encode("utf-8")
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send_raw(self, body: str, content_type: str) -> None:
-        data = body.encode("utf-8")
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
