@@ -1331,6 +1331,9 @@ def read_line(prompt: str, interactive: bool) -> str | None:
 
 def repl(session: Session) -> int:
     interactive = bool(sys.stdin) and sys.stdin.isatty()
+    if session.model != "offline":          # the offline model announces itself already
+        err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
+                               f"commands]", style="yellow"))
     if interactive:
         try:
             import readline  # noqa: F401  (line editing where available)

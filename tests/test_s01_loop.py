@@ -362,6 +362,7 @@ def test_repl_survives_an_endpoint_error(stage_name):
         env = clean_env(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="k")
         result = run_stage(stage_name, stdin="first\nsecond\n", env=env)
     assert result.returncode == 0
+    assert f"[model gpt-4o-mini at {server.url}/; /help for commands]" in result.stderr
     assert "server error (500)" in result.stderr
     assert "second answer" in result.stdout
 
