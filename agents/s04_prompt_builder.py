@@ -578,6 +578,9 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     root = Path(path)
     if not root.exists():
         return error_result(f"no such path: {path}")
+    if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
+        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
+                            f"read it in parts with read_file")
     files = [root] if root.is_file() else searchable_files(root, glob)
     matches = []
     for file in files:

@@ -233,6 +233,9 @@ def test_search_files_formats_filters_and_caps(stage, workdir):
     capped = json.loads(stage.search_files("hit", "."))
     assert len(capped["matches"]) == stage.MAX_SEARCH_MATCHES and capped["truncated"]
     assert "invalid regular expression" in json.loads(stage.search_files("(unclosed"))["error"]
+    (workdir / "huge.txt").write_text("hit\n" * (stage.MAX_SEARCH_FILE_BYTES // 4 + 1))
+    assert "is larger than" in json.loads(stage.search_files("hit", "huge.txt"))["error"]
+    assert "huge.txt" not in " ".join(json.loads(stage.search_files("hit", "."))["matches"])
 
 
 def test_patch_keeps_windows_line_endings(stage, workdir):
