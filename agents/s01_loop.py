@@ -298,7 +298,7 @@ def run_conversation(client, model: str, messages: list,
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
-            return message.content or ""
+            return messages[-1]["content"]      # the stored text: safe to print
         run_tool_calls(message.tool_calls, messages, on_event)
     return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
             f"(--max-iterations). Ask again to continue.]")

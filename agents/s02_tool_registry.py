@@ -301,7 +301,7 @@ def run_conversation(client, model: str, messages: list,
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
-            return message.content or ""
+            return messages[-1]["content"]      # the stored text: safe to print
         if run_tool_calls(message.tool_calls, messages, on_event, offered):
             strikes = 0
         else:

@@ -298,7 +298,7 @@ def run_conversation(client, model: str, messages: list,
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
-            return message.content or ""
+            return messages[-1]["content"]      # the stored text: safe to print
         if run_tool_calls(message.tool_calls, messages, on_event, offered):
             strikes = 0
         else:
@@ -730,7 +730,7 @@ class SessionStore:
 
     def create_session(self, session_id: str, model: str, source: str) -> None:
         with self.db:
-            self.db.execute("INSERT INTO sessions (id, started_at, model, source) "
+            self.db.execute("INSERT OR IGNORE INTO sessions (id, started_at, model, source) "
                             "VALUES (?, ?, ?, ?)", (session_id, time.time(), model, source))
 
     def end_session(self, session_id: str) -> None:
@@ -852,7 +852,7 @@ class RecordedMessages(list):
         if self.store is None:
             return
         try:
-            if not self.store.session_exists(self.session_id):
+            if self.saved == 0:                 # nothing stored yet: create the session row
                 self.store.create_session(self.session_id, self.model, STAGE)
             for seq in range(self.saved, len(self)):
                 self.store.add_message(self.session_id, seq, self[seq])

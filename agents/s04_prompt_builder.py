@@ -302,7 +302,7 @@ def run_conversation(client, model: str, messages: list,
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
-            return message.content or ""
+            return messages[-1]["content"]      # the stored text: safe to print
         if run_tool_calls(message.tool_calls, messages, on_event, offered):
             strikes = 0
         else:
@@ -734,7 +734,7 @@ class SessionStore:
 
     def create_session(self, session_id: str, model: str, source: str) -> None:
         with self.db:
-            self.db.execute("INSERT INTO sessions (id, started_at, model, source) "
+            self.db.execute("INSERT OR IGNORE INTO sessions (id, started_at, model, source) "
                             "VALUES (?, ?, ?, ?)", (session_id, time.time(), model, source))
 
     def end_session(self, session_id: str) -> None:
@@ -856,7 +856,7 @@ class RecordedMessages(list):
         if self.store is None:
             return
         try:
-            if not self.store.session_exists(self.session_id):
+            if self.saved == 0:                 # nothing stored yet: create the session row
                 self.store.create_session(self.session_id, self.model, STAGE)
             for seq in range(self.saved, len(self)):
                 self.store.add_message(self.session_id, seq, self[seq])
@@ -1014,17 +1014,17 @@ def normalise_text(text: str) -> str:
     return re.sub(r"[^\S\n]+", " ", normal)                   # tabs, NBSP … → one space
 
 
-def fold_text(text: str) -> str:
-    """What the word patterns see: normalised, without Markdown emphasis or code
+def fold_text(normal: str) -> str:
+    """What the word patterns see: normalised text without Markdown emphasis or code
     marks ("ignore **all** previous", "__your__"), "any and all" read as "all"."""
-    folded = re.sub(r"[*~`]+|(?<!\w)_+|_+(?!\w)", "", normalise_text(text))
+    folded = re.sub(r"[*~`]+|(?<!\w)_+|_+(?!\w)", "", normal)
     return re.sub(r"\bany and all\b", "all", folded, flags=re.IGNORECASE)
 
 
-def rendered_markup(text: str) -> str:
+def rendered_markup(normal: str) -> str:
     """What the structure checks see: Markdown shows code spans and fenced blocks
     as written, so HTML inside them cannot hide anything; drop them."""
-    without_fences = re.sub(r"^```.*?^```", "", normalise_text(text), flags=re.S | re.M)
+    without_fences = re.sub(r"^```.*?^```", "", normal, flags=re.S | re.M)
     return re.sub(r"`[^`\n]*`", "", without_fences)
 
 
@@ -1034,7 +1034,8 @@ def find_injection(text: str) -> list[str]:
     findings = {"invisible_unicode"} if invisible_characters(text) else set()
     # NFKC folds look-alike forms of Latin letters; it does not fold other
     # scripts: a Cyrillic "а" still slips through.
-    folded, markup = fold_text(text), rendered_markup(text)
+    normal = normalise_text(text)
+    folded, markup = fold_text(normal), rendered_markup(normal)
     findings.update(finding for finding, pattern in THREAT_PATTERNS if pattern.search(folded))
     findings.update(finding for finding, check in STRUCTURE_CHECKS if check(markup))
     return sorted(findings)

@@ -469,3 +469,10 @@ def test_offline_model_speaks_through_the_real_client(stage):
     assert "offline-ok" in answer and "exited with code 0" in answer
     assert messages[1]["tool_calls"][0]["function"]["name"] == "terminal"
     assert "OPENAI_API_KEY" in other
+
+
+def test_an_answer_with_a_lone_surrogate_is_printed_not_fatal(stage, monkeypatch, capsys):
+    with FakeOpenAI([reply("broken \ud800 text")]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        assert stage.main(["-p", "hi"]) == 0
+    assert "broken ? text" in capsys.readouterr().out
