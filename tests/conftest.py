@@ -6,6 +6,18 @@ import tempfile
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # Parallel by default (`-n auto`) when pytest-xdist is installed and the command
+    # line did not choose: `pytest -n 0` and `pytest -p no:xdist` still run serially.
+    # Set here rather than in pyproject's addopts, where `-p no:xdist` would make
+    # `-n` an unknown option.
+    # A worker (which has `workerinput`) must not start workers of its own.
+    if (config.pluginmanager.has_plugin("xdist") and not hasattr(config, "workerinput")
+            and config.getoption("numprocesses", None) is None):
+        config.option.numprocesses = "auto"
+
+
 def pytest_configure(config):
     # Notebook kernels inherit this process's environment when they start, so
     # clear it here (not in a fixture) to keep them offline too.

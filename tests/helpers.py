@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import itertools
 import os
 import re
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +44,70 @@ def load_stage(stage: str):
         spec.loader.exec_module(module)
         _loaded[stage] = module
     return _loaded[stage]
+
+
+_fresh_names = itertools.count()
+
+
+def fresh_stage(stage: str):
+    """A new, independent copy of agents/<stage>.py (about 30 ms): its own registries,
+    settings and module state, so a test may change them without affecting others."""
+    spec = importlib.util.spec_from_file_location(f"fresh_{stage}_{next(_fresh_names)}",
+                                                  AGENTS / f"{stage}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Run:
+    """What a learner would see from one run of a stage: exit code, stdout, stderr."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class _TextInput(io.StringIO):
+    """A piped stdin: never a TTY, like `printf ... | python agents/sNN.py`."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def run_main(stage, *argv: str, stdin: str = "", env: dict | None = None, cwd=None) -> Run:
+    """Run `main(argv)` of a stage in this process, as `run_stage` would in a new one.
+
+    `stage` is a stage name (a fresh module is loaded) or an already loaded module.
+    stdin is a pipe holding `stdin`; `env` replaces os.environ (default: clean_env());
+    output is captured (rich resolves sys.stdout at print time). Everything global that
+    main() touches (environment, working directory, signal handlers, std streams) is
+    restored afterwards. About 40x cheaper than a process (engineering notes §8).
+    """
+    module = fresh_stage(stage) if isinstance(stage, str) else stage
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_signals = {name: signal.getsignal(getattr(signal, name))
+                     for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)}
+    out, err = io.StringIO(), io.StringIO()
+    saved_stdin = sys.stdin
+    os.environ.clear()
+    os.environ.update(clean_env() if env is None else env)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdin = _TextInput(stdin)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = module.main(list(argv))
+            except SystemExit as exc:            # argparse: --help, bad flags
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.stdin = saved_stdin
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for name, handler in saved_signals.items():
+            signal.signal(getattr(signal, name), handler)
+    return Run(code if code is not None else 0, out.getvalue(), err.getvalue())
 
 
 def clean_env(**extra: str) -> dict:
