@@ -55,6 +55,7 @@ MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than th
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
+MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -144,6 +145,51 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     return not reader.is_alive()
 
 
+class CommandStart:
+    """A shell command that a helper thread starts, and the Popen it got.
+
+    Python runs signal handlers in the main thread, between any two steps. Had the main
+    thread called Popen, Ctrl-C or SIGTERM could strike after the command started but
+    before we held its Popen: the command would run on and nobody could kill it. Signals
+    never interrupt the helper thread, so the Popen is always recorded here for kill().
+    """
+
+    def __init__(self, command: str, cwd: str):
+        self.proc: subprocess.Popen | None = None
+        self.error: Exception | None = None
+        self.go, self.done = threading.Event(), threading.Event()
+        # The thread waits for `go`: if we are interrupted before that, nothing starts.
+        threading.Thread(target=self.start, args=(command, cwd), daemon=True).start()
+
+    def start(self, command: str, cwd: str) -> None:
+        self.go.wait()
+        try:
+            # A new session makes the command the leader of its own process group, so
+            # a timeout or Ctrl-C can kill the grandchildren too, not just the shell.
+            self.proc = subprocess.Popen(
+                command, shell=True, cwd=cwd, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except Exception as exc:                # e.g. a command longer than the system allows
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def started(self) -> subprocess.Popen:
+        self.go.set()
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.proc
+
+    def kill(self) -> None:
+        """Kill the command and its process group, if it was allowed to start."""
+        if self.go.is_set():
+            self.done.wait()
+            if self.proc is not None:
+                kill_process_group(self.proc)
+                self.proc.wait()
+
+
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     if not isinstance(command, str) or not command.strip():
@@ -153,22 +199,22 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     if isinstance(timeout, bool) or not isinstance(timeout, int) \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
         return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
-    # A new session makes the command the leader of its own process group, so a
-    # timeout or Ctrl-C can kill the grandchildren too, not just the shell.
-    proc = subprocess.Popen(
-        command, shell=True, cwd=os.getcwd(),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    output, stop = BoundedOutput(), threading.Event()
     try:
+        cwd = os.getcwd()
+    except OSError as exc:                      # the folder was deleted while we ran
+        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
+                                    f"unreadable ({exc.strerror}). Start the agent again "
+                                    f"in an existing folder."})
+    output, stop = BoundedOutput(), threading.Event()
+    command_start = CommandStart(command, cwd)
+    try:
+        proc = command_start.started()
         reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
                                   daemon=True)
         reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
-        kill_process_group(proc)
-        proc.wait()
+        command_start.kill()
         raise
     if finished:
         return json.dumps({"output": output.text(), "exit_code": proc.returncode},
@@ -190,9 +236,15 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
 
+class NotAnAPIError(openai.OpenAIError):
+    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
+
+
 def first_message(response):
     """The assistant message of a chat completion, or a clear error for anything else
     (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
+        raise NotAnAPIError("it answered with text or a web page, not JSON")
     try:
         message = response.choices[0].message
         if isinstance(message.content, (str, type(None))) and \
@@ -311,8 +363,22 @@ def first_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[:limit] + "…"
 
 
+def not_an_api_reason(exc: Exception) -> str | None:
+    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
+    if isinstance(exc, NotAnAPIError):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
+        return "its answer is not valid JSON"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
+        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
+    return None
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
+    reason = not_an_api_reason(exc)
+    if reason:                              # checked first: a 501 is no server error to retry
+        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
     if isinstance(exc, openai.APITimeoutError):
         return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
     if isinstance(exc, openai.APIConnectionError):
@@ -363,7 +429,8 @@ class Session:
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
-        console.print(Text(f"  → {data['name']} {data['arguments']}", style="cyan"))
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
     elif kind == "tool_result":
         console.print(Text(indent_result(data["result"]), style="dim"))
 
@@ -383,13 +450,20 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines])
 
 
+def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
+    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
+    if len(arguments) <= limit:
+        return arguments
+    return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
+
+
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     try:
         answer = run_conversation(session.client, session.model, session.messages,
                                   session.max_iterations, show_event)
-    except openai.OpenAIError as exc:
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
         err_console.print(Text("error: " + describe_api_error(exc, session.base_url, session.model),
                                style="red"))
         return False
@@ -404,13 +478,15 @@ def show_help(session: Session, argument: str) -> None:
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
 
 
-def handle_command(session: Session, line: str) -> None:
+def handle_command(session: Session, line: str) -> bool:
+    """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
     command = COMMANDS.get(name)
     if command is None:
         console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
-        return
+        return False
     command(session, argument.strip())
+    return True
 
 
 def undecodable_to_replacement(line: str) -> str:
@@ -449,7 +525,10 @@ def repl(session: Session) -> int:
             pass
     while True:
         try:
-            line = read_line(f"{STAGE}> ", interactive)
+            if interactive:                 # Ctrl-C at the prompt clears the line
+                line = CtrlC.allow(read_line, f"{STAGE}> ", True)
+            else:                           # a late Ctrl-C must not throw away a piped line
+                line = read_line(f"{STAGE}> ", False)
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
@@ -461,7 +540,7 @@ def repl(session: Session) -> int:
             handle_command(session, line)
             continue
         try:
-            run_turn(session, line)
+            CtrlC.allow(run_turn, session, line)
         except KeyboardInterrupt:
             answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
@@ -518,13 +597,46 @@ def open_session(args) -> Session:
     api_key = os.environ.get("OPENAI_API_KEY")
     if args.offline or args.demo or not (base_url or api_key):
         server = start_offline_server()
-        err_console.print(Text(f"[offline model at {server.url}: no API key needed. "
-                               f"Type '$ <command>' or /help]", style="yellow"))
+        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
         return Session(make_client(server.url, "offline"), "offline", server.url,
                        args.max_iterations)
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations)
+
+
+class CtrlC:
+    """Ctrl-C cancels what is running, once.
+
+    The first SIGINT raises KeyboardInterrupt. Any more (a held key, an impatient
+    learner) are ignored until the REPL is ready again, so the clean-up of the
+    cancelled turn (killing the command, answering its tool calls) is never cut
+    in half and never ends the REPL with a traceback.
+    """
+    armed = True
+
+    @classmethod
+    def install(cls) -> None:
+        cls.armed = True
+        signal.signal(signal.SIGINT, cls.on_sigint)
+
+    @classmethod
+    def on_sigint(cls, signum, frame) -> None:
+        if cls.armed:
+            cls.armed = False
+            raise KeyboardInterrupt
+
+    @classmethod
+    def allow(cls, function, *args):
+        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+        cls.armed = True
+        try:
+            return function(*args)
+        finally:
+            cls.armed = False
 
 
 def exit_on_signals() -> None:
@@ -538,17 +650,25 @@ def exit_on_signals() -> None:
             signal.signal(getattr(signal, name), stop)
 
 
+def run_prompt(session: Session, text: str) -> int:
+    """-p: one question or one slash command, then the exit code."""
+    if text.strip().startswith("/"):
+        return 0 if handle_command(session, text) else 1
+    try:
+        return 0 if run_turn(session, text) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv=None) -> int:
     exit_on_signals()
+    CtrlC.install()
     args = parse_args(argv)
     session = open_session(args)
     if args.demo:
         return run_demo(session)
     if args.prompt is not None:
-        try:
-            return 0 if run_turn(session, args.prompt) else 1
-        except KeyboardInterrupt:
-            return 130
+        return run_prompt(session, args.prompt)
     return repl(session)
 
 # ── Offline model (not part of the lesson) ─────────────────────────────────

@@ -15,7 +15,18 @@ What this stage adds
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
 Changes from s01
-    TOOL_SCHEMAS, TOOL_HANDLERS, execute_tool_call()   replaced by REGISTRY and the door
+    added: MAX_INVALID_TURNS, JSON_TYPES, ToolEntry, unknown_tool_message(),
+           ToolRegistry, parse_arguments(), argument_problems(), validate_tool_call(),
+           MAX_READ_LINES, MAX_LINE_CHARS, MAX_SEARCH_MATCHES, MAX_SEARCH_FILE_BYTES,
+           SEARCH_TIMEOUT, SKIPPED_DIRS, function_schema(), error_result(), tool_path(),
+           write_text_atomically(), bounded_lines(), read_file(), write_file(), patch(),
+           glob_matches(), after_double_stars(), searchable_files(), search_files(),
+           search_timeout_error(), SEARCH_WORKER, run_search_worker(), parse_result(),
+           classify_tool_result(), tool_may_have_side_effect(), terminal_available(),
+           build_registry(), REGISTRY, show_tools(), demo_availability(),
+           toolset_list(), DOOR_ERRORS, stubborn_retry()
+    removed: TOOL_SCHEMAS, TOOL_HANDLERS, execute_tool_call()
+                          replaced by REGISTRY and the validation door
     run_tool_calls()      validates every call first; returns whether any call was valid
     run_conversation()    offers the registry's tools; counts all-invalid turns (strikes)
     Session               carries the tool definitions chosen by --toolsets
@@ -25,6 +36,7 @@ Changes from s01
     run_demo(), DEMO_INPUTS, parse_args(), open_session()
                           the file-tool demo; --toolsets and --disable-toolsets
     STAGE, STAGE_TITLE    this stage's name
+    <imports>             fnmatch, tempfile, pathlib.Path, typing.Callable
     offline_plan(), offline_summary(), offline_reply(), OFFLINE_HELP
                           read/write/call verbs; a stubborn retry of rejected raw calls
 
@@ -70,6 +82,7 @@ MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than th
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
+MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -159,6 +172,51 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     return not reader.is_alive()
 
 
+class CommandStart:
+    """A shell command that a helper thread starts, and the Popen it got.
+
+    Python runs signal handlers in the main thread, between any two steps. Had the main
+    thread called Popen, Ctrl-C or SIGTERM could strike after the command started but
+    before we held its Popen: the command would run on and nobody could kill it. Signals
+    never interrupt the helper thread, so the Popen is always recorded here for kill().
+    """
+
+    def __init__(self, command: str, cwd: str):
+        self.proc: subprocess.Popen | None = None
+        self.error: Exception | None = None
+        self.go, self.done = threading.Event(), threading.Event()
+        # The thread waits for `go`: if we are interrupted before that, nothing starts.
+        threading.Thread(target=self.start, args=(command, cwd), daemon=True).start()
+
+    def start(self, command: str, cwd: str) -> None:
+        self.go.wait()
+        try:
+            # A new session makes the command the leader of its own process group, so
+            # a timeout or Ctrl-C can kill the grandchildren too, not just the shell.
+            self.proc = subprocess.Popen(
+                command, shell=True, cwd=cwd, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except Exception as exc:                # e.g. a command longer than the system allows
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def started(self) -> subprocess.Popen:
+        self.go.set()
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.proc
+
+    def kill(self) -> None:
+        """Kill the command and its process group, if it was allowed to start."""
+        if self.go.is_set():
+            self.done.wait()
+            if self.proc is not None:
+                kill_process_group(self.proc)
+                self.proc.wait()
+
+
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     if not isinstance(command, str) or not command.strip():
@@ -168,22 +226,22 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     if isinstance(timeout, bool) or not isinstance(timeout, int) \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
         return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
-    # A new session makes the command the leader of its own process group, so a
-    # timeout or Ctrl-C can kill the grandchildren too, not just the shell.
-    proc = subprocess.Popen(
-        command, shell=True, cwd=os.getcwd(),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    output, stop = BoundedOutput(), threading.Event()
     try:
+        cwd = os.getcwd()
+    except OSError as exc:                      # the folder was deleted while we ran
+        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
+                                    f"unreadable ({exc.strerror}). Start the agent again "
+                                    f"in an existing folder."})
+    output, stop = BoundedOutput(), threading.Event()
+    command_start = CommandStart(command, cwd)
+    try:
+        proc = command_start.started()
         reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
                                   daemon=True)
         reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
-        kill_process_group(proc)
-        proc.wait()
+        command_start.kill()
         raise
     if finished:
         return json.dumps({"output": output.text(), "exit_code": proc.returncode},
@@ -202,9 +260,15 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
 
+class NotAnAPIError(openai.OpenAIError):
+    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
+
+
 def first_message(response):
     """The assistant message of a chat completion, or a clear error for anything else
     (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
+        raise NotAnAPIError("it answered with text or a web page, not JSON")
     try:
         message = response.choices[0].message
         if isinstance(message.content, (str, type(None))) and \
@@ -321,8 +385,22 @@ def first_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[:limit] + "…"
 
 
+def not_an_api_reason(exc: Exception) -> str | None:
+    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
+    if isinstance(exc, NotAnAPIError):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
+        return "its answer is not valid JSON"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
+        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
+    return None
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
+    reason = not_an_api_reason(exc)
+    if reason:                              # checked first: a 501 is no server error to retry
+        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
     if isinstance(exc, openai.APITimeoutError):
         return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
     if isinstance(exc, openai.APIConnectionError):
@@ -471,6 +549,7 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
+SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 
 
@@ -483,6 +562,45 @@ def function_schema(name: str, description: str, properties: dict, required: lis
 
 def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def tool_path(path: str) -> Path:
+    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:                    # no home folder is known: take it literally
+        return Path(path)
+
+
+def write_text_atomically(target: Path, text: str) -> int:
+    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
+
+    The text is encoded before anything is touched (a lone surrogate fails here), written
+    to a temporary file in the same folder, flushed to the disk, given the old file's
+    permissions and renamed over the target. A rename within one folder is atomic, so a
+    reader, a crash or a full disk sees the whole old file or the whole new one, never half.
+    """
+    data = text.encode("utf-8")
+    target = target.resolve()               # through a symbolic link, as open() would go
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None                         # a new file: the umask decides, as for open()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
+    file = open(temporary, "xb")            # "x": fail rather than reuse an existing file
+    try:
+        with file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:                   # Ctrl-C too: leave no temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
+    return len(data)
 
 
 def bounded_lines(file):
@@ -502,7 +620,7 @@ def bounded_lines(file):
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
-    target = Path(path)
+    target = tool_path(path)
     if not target.is_file():
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
@@ -523,19 +641,20 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
 
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
-    target = Path(path)
+    target = tool_path(path)
     if target.is_dir():
         return error_result(f"is a directory: {path}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    data = content.encode("utf-8")
-    target.write_bytes(data)
-    return json.dumps({"bytes_written": len(data), "path": str(target.resolve())},
+    try:
+        written = write_text_atomically(target, content)
+    except (ValueError, OSError) as exc:    # ValueError: text that UTF-8 cannot encode
+        return error_result(f"nothing written to {path}: {exc}")
+    return json.dumps({"bytes_written": written, "path": str(target.resolve())},
                       ensure_ascii=False)
 
 
 def patch(path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace exact text. Missing or ambiguous old text is an error, not a guess."""
-    target = Path(path)
+    target = tool_path(path)
     if not target.is_file():
         return error_result(f"not a file: {path}")
     if not old_string:
@@ -548,10 +667,41 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
     if count > 1 and not replace_all:
         return error_result(f"old_string appears {count} times in {path}; "
                             f"add surrounding text to make it unique, or set replace_all")
-    with open(target, "w", encoding="utf-8", newline="") as file:
-        file.write(text.replace(old_string, new_string))
+    try:
+        write_text_atomically(target, text.replace(old_string, new_string))
+    except (ValueError, OSError) as exc:    # the file is exactly as it was
+        return error_result(f"nothing written to {path}: {exc}")
     return json.dumps({"success": True, "replacements": count, "path": str(target.resolve())},
                       ensure_ascii=False)
+
+
+def glob_matches(relative: Path, glob: str) -> bool:
+    """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
+    path below the search root, `**` standing for any number of folders, even none."""
+    if "/" not in glob:
+        return fnmatch.fnmatch(relative.name, glob)
+    pieces = [piece for piece in glob.split("/") if piece not in ("", ".")]
+    # Every place in the glob that the folders seen so far can have reached. Following
+    # all of them at once, instead of trying one and backtracking, keeps this linear.
+    reached = after_double_stars({0}, pieces)
+    for part in relative.parts:
+        moved = set()
+        for place in reached:
+            if place < len(pieces) and fnmatch.fnmatch(part, pieces[place]):
+                # "**" swallows this folder and may swallow more; other pieces are used up
+                moved.add(place if pieces[place] == "**" else place + 1)
+        reached = after_double_stars(moved, pieces)
+    return len(pieces) in reached
+
+
+def after_double_stars(reached: set, pieces: list) -> set:
+    """`**` may match no folder at all, so standing before it is standing after it too."""
+    extended = set(reached)
+    for place in reached:
+        while place < len(pieces) and pieces[place] == "**":
+            place += 1
+            extended.add(place)
+    return extended
 
 
 def searchable_files(root: Path, glob: str | None):
@@ -559,7 +709,7 @@ def searchable_files(root: Path, glob: str | None):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for name in sorted(files):
             file = Path(folder) / name
-            if glob is not None and not fnmatch.fnmatch(name, glob):
+            if glob is not None and not glob_matches(file.relative_to(root), glob):
                 continue
             try:                            # regular files only: a FIFO would block forever
                 if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
@@ -569,30 +719,79 @@ def searchable_files(root: Path, glob: str | None):
 
 
 def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Regex search: `file:line: text` for each match, capped."""
+    """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
     try:
-        regex = re.compile(pattern)
+        re.compile(pattern)                 # a clear error now, before the worker starts
     except re.error as exc:
         return error_result(f"invalid regular expression: {exc}")
-    root = Path(path)
+    root = tool_path(path)
     if not root.exists():
         return error_result(f"no such path: {path}")
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
-    files = [root] if root.is_file() else searchable_files(root, glob)
-    matches = []
-    for file in files:
+    deadline = time.monotonic() + SEARCH_TIMEOUT
+    files = []
+    for file in [root] if root.is_file() else searchable_files(root, glob):
+        if time.monotonic() > deadline:     # a folder too big to walk in time
+            return search_timeout_error()
+        files.append(file)
+    found = run_search_worker(pattern, files, deadline) if files else []
+    if found is None:
+        return search_timeout_error()
+    matches = [f"{files[index]}:{number}: {text}" for index, number, text in found]
+    return json.dumps({"matches": matches, "truncated": len(matches) >= MAX_SEARCH_MATCHES},
+                      ensure_ascii=False)
+
+
+def search_timeout_error() -> str:
+    return error_result(f"search_files stopped after {SEARCH_TIMEOUT} s: the pattern may "
+                        f"backtrack badly (a repeat inside a repeat, like (a+)+) or the "
+                        f"folder is very large; simplify the pattern or narrow path or glob")
+
+
+# Why a separate process: Python's `re` cannot be stopped from outside. `^(a+)+$` on a
+# line of 40 a's and a b tries about 2**40 ways, all inside one call, so a clock checked
+# between lines never gets a turn, and a cap on line length does not help (2**200 is no
+# better). A process can be killed, so the regex runs in this small worker (standard
+# library only, about 40 ms to start) and the deadline ends it, however bad the pattern.
+SEARCH_WORKER = r"""
+import json, re, sys
+
+def search(pattern, files, limit):
+    regex, found = re.compile(pattern), []
+    for index, name in enumerate(files):
         try:
-            text = file.read_text(encoding="utf-8", errors="replace")
+            with open(name, encoding="utf-8", errors="replace") as file:
+                lines = file.read().splitlines()
         except OSError:
             continue
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(lines, start=1):
             if regex.search(line):
-                matches.append(f"{file}:{number}: {line[:200]}")
-                if len(matches) >= MAX_SEARCH_MATCHES:
-                    return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
-    return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
+                found.append([index, number, line[:200]])
+                if len(found) >= limit:
+                    return found
+    return found
+
+request = json.load(sys.stdin)
+json.dump(search(request["pattern"], request["files"], request["limit"]), sys.stdout)
+"""
+
+
+def run_search_worker(pattern: str, files: list, deadline: float) -> list | None:
+    """[file index, line number, line] for each match, or None if the deadline passed."""
+    request = json.dumps({"pattern": pattern, "files": [str(file) for file in files],
+                          "limit": MAX_SEARCH_MATCHES})      # ASCII: odd file names survive
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH_WORKER],
+                              input=request, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:       # run() has killed the worker already
+        return None
+    if done.returncode != 0:                # its last line names the exception
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the search worker failed: {last[:200]}")
+    return json.loads(done.stdout)
 
 
 def parse_result(result: str) -> dict | None:
@@ -647,7 +846,8 @@ def build_registry() -> ToolRegistry:
          "replace_all": {"type": "boolean"}}, ["path", "old_string", "new_string"]),
         patch, mutates=True))
     registry.register(ToolEntry("search_files", "file", function_schema(
-        "search_files", "Search files for a regular expression; optional filename glob.",
+        "search_files", "Search files for a regular expression; optional glob: a file "
+                        "name (*.py) or a path below `path` (src/**/*.py).",
         {"pattern": text, "path": text, "glob": text}, ["pattern"]), search_files))
     return registry
 
@@ -683,7 +883,8 @@ class Session:
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
-        console.print(Text(f"  → {data['name']} {data['arguments']}", style="cyan"))
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
     elif kind == "tool_result":
         outcome = classify_tool_result(data["name"], data["result"])
         style = {"landed": "green", "error": "red", "refused": "yellow"}.get(outcome, "dim")
@@ -707,13 +908,20 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines])
 
 
+def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
+    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
+    if len(arguments) <= limit:
+        return arguments
+    return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
+
+
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     try:
         answer = run_conversation(session.client, session.model, session.messages,
                                   session.max_iterations, show_event, session.tools)
-    except openai.OpenAIError as exc:
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
         err_console.print(Text("error: " + describe_api_error(exc, session.base_url, session.model),
                                style="red"))
         return False
@@ -736,13 +944,15 @@ COMMANDS = {"/help": show_help,         # later stages add their own slash comma
             "/tools": show_tools}
 
 
-def handle_command(session: Session, line: str) -> None:
+def handle_command(session: Session, line: str) -> bool:
+    """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
     command = COMMANDS.get(name)
     if command is None:
         console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
-        return
+        return False
     command(session, argument.strip())
+    return True
 
 
 def undecodable_to_replacement(line: str) -> str:
@@ -781,7 +991,10 @@ def repl(session: Session) -> int:
             pass
     while True:
         try:
-            line = read_line(f"{STAGE}> ", interactive)
+            if interactive:                 # Ctrl-C at the prompt clears the line
+                line = CtrlC.allow(read_line, f"{STAGE}> ", True)
+            else:                           # a late Ctrl-C must not throw away a piped line
+                line = read_line(f"{STAGE}> ", False)
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
@@ -793,7 +1006,7 @@ def repl(session: Session) -> int:
             handle_command(session, line)
             continue
         try:
-            run_turn(session, line)
+            CtrlC.allow(run_turn, session, line)
         except KeyboardInterrupt:
             answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
@@ -882,13 +1095,46 @@ def open_session(args) -> Session:
     tools = REGISTRY.get_definitions(args.toolsets, args.disable_toolsets)
     if args.offline or args.demo or not (base_url or api_key):
         server = start_offline_server()
-        err_console.print(Text(f"[offline model at {server.url}: no API key needed. "
-                               f"Type '$ <command>' or /help]", style="yellow"))
+        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
         return Session(make_client(server.url, "offline"), "offline", server.url,
                        args.max_iterations, tools)
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations, tools)
+
+
+class CtrlC:
+    """Ctrl-C cancels what is running, once.
+
+    The first SIGINT raises KeyboardInterrupt. Any more (a held key, an impatient
+    learner) are ignored until the REPL is ready again, so the clean-up of the
+    cancelled turn (killing the command, answering its tool calls) is never cut
+    in half and never ends the REPL with a traceback.
+    """
+    armed = True
+
+    @classmethod
+    def install(cls) -> None:
+        cls.armed = True
+        signal.signal(signal.SIGINT, cls.on_sigint)
+
+    @classmethod
+    def on_sigint(cls, signum, frame) -> None:
+        if cls.armed:
+            cls.armed = False
+            raise KeyboardInterrupt
+
+    @classmethod
+    def allow(cls, function, *args):
+        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+        cls.armed = True
+        try:
+            return function(*args)
+        finally:
+            cls.armed = False
 
 
 def exit_on_signals() -> None:
@@ -902,17 +1148,25 @@ def exit_on_signals() -> None:
             signal.signal(getattr(signal, name), stop)
 
 
+def run_prompt(session: Session, text: str) -> int:
+    """-p: one question or one slash command, then the exit code."""
+    if text.strip().startswith("/"):
+        return 0 if handle_command(session, text) else 1
+    try:
+        return 0 if run_turn(session, text) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv=None) -> int:
     exit_on_signals()
+    CtrlC.install()
     args = parse_args(argv)
     session = open_session(args)
     if args.demo:
         return run_demo(session)
     if args.prompt is not None:
-        try:
-            return 0 if run_turn(session, args.prompt) else 1
-        except KeyboardInterrupt:
-            return 130
+        return run_prompt(session, args.prompt)
     return repl(session)
 
 # ── Offline model (not part of the lesson) ─────────────────────────────────

@@ -6,7 +6,8 @@ What this stage adds
     context files (AGENTS.md, .hermes.md, .cursorrules) and the environment. It is
     built once per session and reused byte for byte, also after a resume. Context
     files come from whatever repository you are in, so each one is scanned first:
-    invisible Unicode, instruction overrides, hidden HTML, secret exfiltration. A file
+    invisible Unicode, orders to drop the rules or to play another role (in English,
+    Chinese and Russian), HTML that the rendered page hides, secrets sent away. A file
     with any finding is replaced by a one-line BLOCKED notice.
 
     SOUL.md ─┐
@@ -17,12 +18,25 @@ What this stage adds
     environment ─▶ build_system_prompt() ─▶ messages[0], once per session
 
 Changes from s03
+    added: CONTEXT_FILE_NAMES, CONTEXT_FILE_MAX_CHARS, MAX_CONTEXT_FILE_BYTES,
+           _SCAN_MAX_CHARS, _INVISIBLE, _EMOJI_SELECTORS, _GAP, _WORD, _FILLER,
+           _NEGATIONS, _SECRET_VARIABLE, _SECRET_FILE, _near(), _zh(), _first(),
+           _ORDER, _SameLine, _SENDS_SECRET_FILE, _CURL, _WGET, THREAT_PATTERNS,
+           _MARKUP, _MARKDOWN, _RENDER_MAX_WORK, _STYLED_TAG, _HIDDEN_TEXT,
+           _COMMENT_KEYWORD, _TOOL_COMMENT, _HIDING_STYLE, hidden_comment_directive(),
+           hidden_element(), STRUCTURE_CHECKS, is_invisible(), invisible_characters(),
+           normalise_text(), fold_text(), rendered_markup(), find_injection(),
+           cap_context(), read_context_file(), load_context_file(), DEFAULT_IDENTITY,
+           TOOL_GUIDANCE, load_identity(), current_directory(), environment_section(),
+           build_system_prompt(), show_prompt(), CLEAN_AGENTS_MD, POISONED_AGENTS_MD,
+           demo_folder(), describe_system_prompt()
+    removed: demo_session(), demo_say()   s03's demo helpers; this demo uses demo_folder()
     Session.switch_to()   a new session starts with the system prompt (saved with
                           the first real message); a resumed one keeps its own
     COMMANDS, HELP_TEXT   /prompt shows the assembled prompt
     run_demo(), DEMO_INPUTS   a clean and a poisoned AGENTS.md in a temporary folder
     STAGE, STAGE_TITLE    this stage's name
-    <imports>             html, platform, unicodedata
+    <imports>             html, platform, unicodedata; markdown_it (it ships with rich)
     offline_reply(), OFFLINE_HELP   the prompt verb: what the model received
 
 Run
@@ -54,6 +68,7 @@ import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from markdown_it import MarkdownIt
 import openai
 from rich.console import Console
 from rich.text import Text
@@ -71,6 +86,7 @@ MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than th
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
+MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -160,6 +176,51 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     return not reader.is_alive()
 
 
+class CommandStart:
+    """A shell command that a helper thread starts, and the Popen it got.
+
+    Python runs signal handlers in the main thread, between any two steps. Had the main
+    thread called Popen, Ctrl-C or SIGTERM could strike after the command started but
+    before we held its Popen: the command would run on and nobody could kill it. Signals
+    never interrupt the helper thread, so the Popen is always recorded here for kill().
+    """
+
+    def __init__(self, command: str, cwd: str):
+        self.proc: subprocess.Popen | None = None
+        self.error: Exception | None = None
+        self.go, self.done = threading.Event(), threading.Event()
+        # The thread waits for `go`: if we are interrupted before that, nothing starts.
+        threading.Thread(target=self.start, args=(command, cwd), daemon=True).start()
+
+    def start(self, command: str, cwd: str) -> None:
+        self.go.wait()
+        try:
+            # A new session makes the command the leader of its own process group, so
+            # a timeout or Ctrl-C can kill the grandchildren too, not just the shell.
+            self.proc = subprocess.Popen(
+                command, shell=True, cwd=cwd, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except Exception as exc:                # e.g. a command longer than the system allows
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def started(self) -> subprocess.Popen:
+        self.go.set()
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.proc
+
+    def kill(self) -> None:
+        """Kill the command and its process group, if it was allowed to start."""
+        if self.go.is_set():
+            self.done.wait()
+            if self.proc is not None:
+                kill_process_group(self.proc)
+                self.proc.wait()
+
+
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     if not isinstance(command, str) or not command.strip():
@@ -169,22 +230,22 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     if isinstance(timeout, bool) or not isinstance(timeout, int) \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
         return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
-    # A new session makes the command the leader of its own process group, so a
-    # timeout or Ctrl-C can kill the grandchildren too, not just the shell.
-    proc = subprocess.Popen(
-        command, shell=True, cwd=os.getcwd(),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    output, stop = BoundedOutput(), threading.Event()
     try:
+        cwd = os.getcwd()
+    except OSError as exc:                      # the folder was deleted while we ran
+        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
+                                    f"unreadable ({exc.strerror}). Start the agent again "
+                                    f"in an existing folder."})
+    output, stop = BoundedOutput(), threading.Event()
+    command_start = CommandStart(command, cwd)
+    try:
+        proc = command_start.started()
         reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
                                   daemon=True)
         reader.start()
         finished = wait_for_command(proc, reader, timeout)
     except BaseException:                       # Ctrl-C: never leave the command running
-        kill_process_group(proc)
-        proc.wait()
+        command_start.kill()
         raise
     if finished:
         return json.dumps({"output": output.text(), "exit_code": proc.returncode},
@@ -203,9 +264,15 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
 
+class NotAnAPIError(openai.OpenAIError):
+    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
+
+
 def first_message(response):
     """The assistant message of a chat completion, or a clear error for anything else
     (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
+        raise NotAnAPIError("it answered with text or a web page, not JSON")
     try:
         message = response.choices[0].message
         if isinstance(message.content, (str, type(None))) and \
@@ -322,8 +389,22 @@ def first_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[:limit] + "…"
 
 
+def not_an_api_reason(exc: Exception) -> str | None:
+    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
+    if isinstance(exc, NotAnAPIError):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
+        return "its answer is not valid JSON"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
+        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
+    return None
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
+    reason = not_an_api_reason(exc)
+    if reason:                              # checked first: a 501 is no server error to retry
+        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
     if isinstance(exc, openai.APITimeoutError):
         return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
     if isinstance(exc, openai.APIConnectionError):
@@ -472,6 +553,7 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
+SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 
 
@@ -484,6 +566,45 @@ def function_schema(name: str, description: str, properties: dict, required: lis
 
 def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def tool_path(path: str) -> Path:
+    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:                    # no home folder is known: take it literally
+        return Path(path)
+
+
+def write_text_atomically(target: Path, text: str) -> int:
+    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
+
+    The text is encoded before anything is touched (a lone surrogate fails here), written
+    to a temporary file in the same folder, flushed to the disk, given the old file's
+    permissions and renamed over the target. A rename within one folder is atomic, so a
+    reader, a crash or a full disk sees the whole old file or the whole new one, never half.
+    """
+    data = text.encode("utf-8")
+    target = target.resolve()               # through a symbolic link, as open() would go
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None                         # a new file: the umask decides, as for open()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
+    file = open(temporary, "xb")            # "x": fail rather than reuse an existing file
+    try:
+        with file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:                   # Ctrl-C too: leave no temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
+    return len(data)
 
 
 def bounded_lines(file):
@@ -503,7 +624,7 @@ def bounded_lines(file):
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
-    target = Path(path)
+    target = tool_path(path)
     if not target.is_file():
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
@@ -524,19 +645,20 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
 
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
-    target = Path(path)
+    target = tool_path(path)
     if target.is_dir():
         return error_result(f"is a directory: {path}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    data = content.encode("utf-8")
-    target.write_bytes(data)
-    return json.dumps({"bytes_written": len(data), "path": str(target.resolve())},
+    try:
+        written = write_text_atomically(target, content)
+    except (ValueError, OSError) as exc:    # ValueError: text that UTF-8 cannot encode
+        return error_result(f"nothing written to {path}: {exc}")
+    return json.dumps({"bytes_written": written, "path": str(target.resolve())},
                       ensure_ascii=False)
 
 
 def patch(path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace exact text. Missing or ambiguous old text is an error, not a guess."""
-    target = Path(path)
+    target = tool_path(path)
     if not target.is_file():
         return error_result(f"not a file: {path}")
     if not old_string:
@@ -549,10 +671,41 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
     if count > 1 and not replace_all:
         return error_result(f"old_string appears {count} times in {path}; "
                             f"add surrounding text to make it unique, or set replace_all")
-    with open(target, "w", encoding="utf-8", newline="") as file:
-        file.write(text.replace(old_string, new_string))
+    try:
+        write_text_atomically(target, text.replace(old_string, new_string))
+    except (ValueError, OSError) as exc:    # the file is exactly as it was
+        return error_result(f"nothing written to {path}: {exc}")
     return json.dumps({"success": True, "replacements": count, "path": str(target.resolve())},
                       ensure_ascii=False)
+
+
+def glob_matches(relative: Path, glob: str) -> bool:
+    """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
+    path below the search root, `**` standing for any number of folders, even none."""
+    if "/" not in glob:
+        return fnmatch.fnmatch(relative.name, glob)
+    pieces = [piece for piece in glob.split("/") if piece not in ("", ".")]
+    # Every place in the glob that the folders seen so far can have reached. Following
+    # all of them at once, instead of trying one and backtracking, keeps this linear.
+    reached = after_double_stars({0}, pieces)
+    for part in relative.parts:
+        moved = set()
+        for place in reached:
+            if place < len(pieces) and fnmatch.fnmatch(part, pieces[place]):
+                # "**" swallows this folder and may swallow more; other pieces are used up
+                moved.add(place if pieces[place] == "**" else place + 1)
+        reached = after_double_stars(moved, pieces)
+    return len(pieces) in reached
+
+
+def after_double_stars(reached: set, pieces: list) -> set:
+    """`**` may match no folder at all, so standing before it is standing after it too."""
+    extended = set(reached)
+    for place in reached:
+        while place < len(pieces) and pieces[place] == "**":
+            place += 1
+            extended.add(place)
+    return extended
 
 
 def searchable_files(root: Path, glob: str | None):
@@ -560,7 +713,7 @@ def searchable_files(root: Path, glob: str | None):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for name in sorted(files):
             file = Path(folder) / name
-            if glob is not None and not fnmatch.fnmatch(name, glob):
+            if glob is not None and not glob_matches(file.relative_to(root), glob):
                 continue
             try:                            # regular files only: a FIFO would block forever
                 if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
@@ -570,30 +723,79 @@ def searchable_files(root: Path, glob: str | None):
 
 
 def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Regex search: `file:line: text` for each match, capped."""
+    """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
     try:
-        regex = re.compile(pattern)
+        re.compile(pattern)                 # a clear error now, before the worker starts
     except re.error as exc:
         return error_result(f"invalid regular expression: {exc}")
-    root = Path(path)
+    root = tool_path(path)
     if not root.exists():
         return error_result(f"no such path: {path}")
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
-    files = [root] if root.is_file() else searchable_files(root, glob)
-    matches = []
-    for file in files:
+    deadline = time.monotonic() + SEARCH_TIMEOUT
+    files = []
+    for file in [root] if root.is_file() else searchable_files(root, glob):
+        if time.monotonic() > deadline:     # a folder too big to walk in time
+            return search_timeout_error()
+        files.append(file)
+    found = run_search_worker(pattern, files, deadline) if files else []
+    if found is None:
+        return search_timeout_error()
+    matches = [f"{files[index]}:{number}: {text}" for index, number, text in found]
+    return json.dumps({"matches": matches, "truncated": len(matches) >= MAX_SEARCH_MATCHES},
+                      ensure_ascii=False)
+
+
+def search_timeout_error() -> str:
+    return error_result(f"search_files stopped after {SEARCH_TIMEOUT} s: the pattern may "
+                        f"backtrack badly (a repeat inside a repeat, like (a+)+) or the "
+                        f"folder is very large; simplify the pattern or narrow path or glob")
+
+
+# Why a separate process: Python's `re` cannot be stopped from outside. `^(a+)+$` on a
+# line of 40 a's and a b tries about 2**40 ways, all inside one call, so a clock checked
+# between lines never gets a turn, and a cap on line length does not help (2**200 is no
+# better). A process can be killed, so the regex runs in this small worker (standard
+# library only, about 40 ms to start) and the deadline ends it, however bad the pattern.
+SEARCH_WORKER = r"""
+import json, re, sys
+
+def search(pattern, files, limit):
+    regex, found = re.compile(pattern), []
+    for index, name in enumerate(files):
         try:
-            text = file.read_text(encoding="utf-8", errors="replace")
+            with open(name, encoding="utf-8", errors="replace") as file:
+                lines = file.read().splitlines()
         except OSError:
             continue
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(lines, start=1):
             if regex.search(line):
-                matches.append(f"{file}:{number}: {line[:200]}")
-                if len(matches) >= MAX_SEARCH_MATCHES:
-                    return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
-    return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
+                found.append([index, number, line[:200]])
+                if len(found) >= limit:
+                    return found
+    return found
+
+request = json.load(sys.stdin)
+json.dump(search(request["pattern"], request["files"], request["limit"]), sys.stdout)
+"""
+
+
+def run_search_worker(pattern: str, files: list, deadline: float) -> list | None:
+    """[file index, line number, line] for each match, or None if the deadline passed."""
+    request = json.dumps({"pattern": pattern, "files": [str(file) for file in files],
+                          "limit": MAX_SEARCH_MATCHES})      # ASCII: odd file names survive
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH_WORKER],
+                              input=request, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:       # run() has killed the worker already
+        return None
+    if done.returncode != 0:                # its last line names the exception
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the search worker failed: {last[:200]}")
+    return json.loads(done.stdout)
 
 
 def parse_result(result: str) -> dict | None:
@@ -648,7 +850,8 @@ def build_registry() -> ToolRegistry:
          "replace_all": {"type": "boolean"}}, ["path", "old_string", "new_string"]),
         patch, mutates=True))
     registry.register(ToolEntry("search_files", "file", function_schema(
-        "search_files", "Search files for a regular expression; optional filename glob.",
+        "search_files", "Search files for a regular expression; optional glob: a file "
+                        "name (*.py) or a path below `path` (src/**/*.py).",
         {"pattern": text, "path": text, "glob": text}, ["pattern"]), search_files))
     return registry
 
@@ -713,6 +916,19 @@ def search_words(query: str) -> list[str]:
     return re.findall(r"\w+", query)
 
 
+# Chinese and Japanese are written without spaces (and Korean glues endings onto
+# words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
+# as one long word and never finds 数据库 inside it. Such queries scan with LIKE.
+CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+                           "\uf900-\ufaff\U00020000-\U0002ffff]")
+
+
+def casefold(text):
+    """SQL casefold(): SQLite's LIKE ignores case only for A-Z; this folds every
+    script, so a LIKE search for миграция also finds Миграция."""
+    return text.casefold() if isinstance(text, str) else text
+
+
 class SessionStore:
     """Sessions and their messages in SQLite (WAL), with a full-text index when the
     SQLite build has FTS5 and a LIKE search when it does not."""
@@ -721,7 +937,11 @@ class SessionStore:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=SQLITE_TIMEOUT)
+        self.db.create_function("casefold", 1, casefold, deterministic=True)
         self.db.execute("PRAGMA journal_mode=WAL")
+        # In WAL mode NORMAL is safe: a power cut may lose the last messages but never
+        # corrupts the database, and a save no longer waits for the disk (~7 ms each).
+        self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.has_fts = use_fts and self._create_fts()
 
@@ -731,6 +951,10 @@ class SessionStore:
             return True
         except sqlite3.OperationalError:        # SQLite built without FTS5
             return False
+
+    def close(self) -> None:
+        """Closing the last connection moves the write-ahead log into state.db."""
+        self.db.close()
 
     def create_session(self, session_id: str, model: str, source: str) -> None:
         with self.db:
@@ -788,7 +1012,8 @@ class SessionStore:
         words = search_words(query)
         if not words:
             raise ValueError("the query has no words to search for")
-        rows = self._search_fts(words, limit, exclude_session) if self.has_fts \
+        use_index = self.has_fts and not CJK_CHARACTER.search(query)
+        rows = self._search_fts(words, limit, exclude_session) if use_index \
             else self._search_like(words, limit, exclude_session)
         return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
                  "title": title, "role": role, "snippet": snippet}
@@ -805,9 +1030,11 @@ class SessionStore:
             (match, exclude_session, limit)).fetchall()
 
     def _search_like(self, words, limit, exclude_session):
-        escaped = [word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        """A scan of every message: slower than the index, but it needs no FTS5 and
+        finds a word anywhere, also inside unspaced text."""
+        escaped = [casefold(word).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
                    for word in words]
-        where = " AND ".join("m.content LIKE ? ESCAPE '\\'" for _ in escaped)
+        where = " AND ".join("casefold(m.content) LIKE ? ESCAPE '\\'" for _ in escaped)
         rows = self.db.execute(
             f"SELECT s.id, s.started_at, s.title, m.role, m.content FROM messages m "
             f"JOIN sessions s ON s.id = m.session_id "
@@ -840,7 +1067,8 @@ class RecordedMessages(list):
     """A message list that saves every message the moment it is appended.
 
     The loop keeps calling messages.append(...) as before; persistence happens here.
-    The session row is created with the first message, so empty sessions never exist.
+    A session is stored from the model's first answer on: a first turn that failed
+    (no key, a wrong URL) leaves no empty session in /sessions or for --continue.
     If the database fails later (locked, disk full), we warn once and keep going.
     """
 
@@ -855,17 +1083,27 @@ class RecordedMessages(list):
         super().append(message)
         if self.store is None:
             return
+        if self.saved == 0 and message["role"] != "assistant":
+            return                              # a session begins with the model's first answer
+        # A Ctrl-C between a commit and `self.saved` would make the next save repeat a
+        # message (UNIQUE constraint failed), so Ctrl-C is ignored for this millisecond.
+        was_armed, CtrlC.armed = CtrlC.armed, False
         try:
-            if self.saved == 0:                 # nothing stored yet: create the session row
-                self.store.create_session(self.session_id, self.model, STAGE)
-            for seq in range(self.saved, len(self)):
-                self.store.add_message(self.session_id, seq, self[seq])
-            self.saved = len(self)
+            self.save_unsaved()
         except sqlite3.Error as exc:
             err_console.print(Text(f"warning: could not save to the session store "
                                    f"({first_line(exc)}); continuing without saving",
                                    style="yellow"))
             self.store = None
+        finally:
+            CtrlC.armed = was_armed
+
+    def save_unsaved(self) -> None:
+        if self.saved == 0:                     # nothing stored yet: create the session row
+            self.store.create_session(self.session_id, self.model, STAGE)
+        for seq in range(self.saved, len(self)):
+            self.store.add_message(self.session_id, seq, self[seq])
+        self.saved = len(self)
 
 
 class ActiveSession:
@@ -900,143 +1138,20 @@ REGISTRY.register(SESSION_SEARCH_ENTRY)
 CONTEXT_FILE_NAMES = ("AGENTS.md", ".hermes.md", ".cursorrules")
 CONTEXT_FILE_MAX_CHARS = 20_000         # one context file's share of the system prompt
 MAX_CONTEXT_FILE_BYTES = 1_000_000      # larger files are skipped, not read
-_SCAN_MAX_CHARS = 65_536                # bounds the regex work on a huge file
-
-# Characters a reviewer cannot see but the model still reads: Unicode's "default
-# ignorable" code points (zero-width spaces and joiners, bidi controls, soft hyphens,
-# Hangul fillers, tag characters, ...) plus every other format character (Cf).
-_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-                        "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0"
-                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
-# Variation selectors also count, but the emoji in "⚠️" carries one, so they are
-# removed before matching (they cannot split a keyword) and not reported.
-_EMOJI_SELECTORS = re.compile("[\ufe00-\ufe0f]")
-
-# An attack has many wordings ("ignore ALL OF YOUR previous instructions"), so most
-# patterns look for key words in order with up to 8 filler words between them, as
-# Hermes does. Unlike Hermes, the filler stays inside one clause: it never crosses
-# punctuation, a blank line or a conjunction. So "Ignore old warnings but follow all
-# instructions" and "Ignore lint errors.\n\nAll previous instructions apply" stay clean.
-_GAP = r"(?: ?\n ?| )"                          # text is normalised first: see fold_text()
-_WORD = r"(?!(?:and|or|but|then)\b)\w[\w'’-]*"  # "don't" or "built-in", not "and"
-_FILLER = rf"(?:{_WORD}{_GAP}){{0,8}}"
-# "Do not ignore the rules" is the opposite of an attack, and common in AGENTS.md.
-# "Why not ignore ..." is not a negation.
-_NOT_NEGATED = r"(?<!(?<!why\s)\bnot\s)(?<!\bnever\s)(?<!\bdont\s)(?<!n't\s)(?<!n’t\s)"
-_SECRET_VARIABLE = r"\$(?:env:)?\{?\w*(?:KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)S?\b"
-_SECRET_FILE = (r"(?:\.env(?!\.example|\.sample|\.template)|\.netrc|\.pgpass|\.npmrc|\.pypirc"
-                r"|credentials(?:\.json)?(?![\w.]))\b")
-
-
-def _near(*keywords: str) -> re.Pattern:
-    """Key words in this order, each within 8 filler words of the one before."""
-    parts = [keyword.replace(" ", _GAP) for keyword in keywords]
-    return re.compile(r"\b" + (_GAP + _FILLER).join(parts) + r"\b", re.IGNORECASE)
-
-
-THREAT_PATTERNS = [
-    # Orders to drop the rules the agent already has.
-    ("ignore_instructions",
-     _near(_NOT_NEGATED + "ignore", "(?:previous|all|above|prior)", "instructions?")),
-    ("disregard_rules",
-     _near(_NOT_NEGATED + "disregard", "(?:your|all|any)", "(?:instructions|rules|guidelines)")),
-    ("system_prompt_override", _near("system prompt override")),
-    # Jailbreak role-play: pretend the limits are gone.
-    ("no_restrictions", _near("act as (?:if|though)", "you",
-                              "(?:have no|do not have|don['’]?t have)",
-                              "(?:restrictions|limits|rules)")),
-    # Secrecy: the user must not learn what the agent did.
-    ("hide_from_user", _near("(?:do not|don['’]?t)", "tell", "the user")),
-    # Sending a secret from the environment to a server, or reading a secrets file.
-    ("exfil_curl",
-     re.compile(rf"\bcurl(?:\.exe)?\s[^\n]{{0,1000}}?{_SECRET_VARIABLE}", re.IGNORECASE)),
-    ("exfil_wget",
-     re.compile(rf"\bwget(?:\.exe)?\s[^\n]{{0,1000}}?{_SECRET_VARIABLE}", re.IGNORECASE)),
-    ("exfil_pipe",              # echo $OPENAI_API_KEY | curl -d @- https://...
-     re.compile(rf"{_SECRET_VARIABLE}[^\n]{{0,200}}?\|\s*(?:curl|wget|nc)\b", re.IGNORECASE)),
-    ("read_secrets",            # the secrets file is one of cat's next few arguments
-     re.compile(rf"\bcat(?:\s+|\s*<\s*)(?:[^\s;|&,<>]+\s+){{0,3}}[^\s;|&,<>]*{_SECRET_FILE}",
-                re.IGNORECASE)),
-]
-
-# Rendered Markdown hides these from a human; the model reads the source.
-_COMMENT_KEYWORD = re.compile(r"(?<![a-z])(?:ignore|override|system|secret|hidden)(?![a-z])",
-                              re.IGNORECASE)
-# Formatters' and linters' markers: <!-- prettier-ignore -->, <!-- cspell:ignore x -->.
-_TOOL_COMMENT = re.compile(r"\b(?:prettier|dprint|deno-fmt|cspell|codespell|markdownlint|"
-                           r"eslint|textlint|alex|lint)[-: ]ignore\S*", re.IGNORECASE)
-_HIDING_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
-
-
-def hidden_comment_directive(text: str) -> bool:
-    """An HTML comment, closed or not, that contains a directive keyword.
-    (A formatter's marker such as `<!-- prettier-ignore -->` is not a directive.)"""
-    start = text.find("<!--")
-    while start != -1:
-        end = text.find("-->", start + 4)
-        body = text[start + 4:] if end == -1 else text[start + 4:end]
-        if _COMMENT_KEYWORD.search(_TOOL_COMMENT.sub("", body)):
-            return True
-        start = -1 if end == -1 else text.find("<!--", end + 3)
-    return False
-
-
-def hidden_element(text: str) -> bool:
-    """An HTML tag whose style hides it: display:none or visibility:hidden, also
-    written with entities (`&colon;`) or CSS comments (`display:/**/none`)."""
-    for tag in re.finditer(r"<[a-z][^<>]*", text, re.IGNORECASE):
-        style = re.sub(r"/\*.*?\*/", "", html.unescape(tag.group()))
-        if _HIDING_STYLE.search(style):
-            return True
-    return False
-
-
-STRUCTURE_CHECKS = [("html_comment_directive", hidden_comment_directive),
-                    ("hidden_element", hidden_element)]
-
-
-def is_invisible(char: str) -> bool:
-    return bool(_INVISIBLE.match(char)) or unicodedata.category(char) == "Cf"
-
-
-def invisible_characters(text: str) -> set[str]:
-    return {char for char in set(text) if is_invisible(char)}
-
-
-def normalise_text(text: str) -> str:
-    """Invisible characters removed (so they cannot split a keyword), NFKC (full-width
-    "ｉｇｎｏｒｅ" becomes "ignore"), one kind of space and of line break, and shell
-    line continuations joined."""
-    visible = "".join(char for char in text if not is_invisible(char))
-    normal = unicodedata.normalize("NFKC", _EMOJI_SELECTORS.sub("", visible))
-    normal = re.sub(r"\\\r?\n", " ", normal)                 # curl … \<newline> -d …
-    normal = re.sub(r"\r\n|[\r\v\f\x85\u2028\u2029]", "\n", normal)
-    return re.sub(r"[^\S\n]+", " ", normal)                   # tabs, NBSP … → one space
-
-
-def fold_text(normal: str) -> str:
-    """What the word patterns see: normalised text without Markdown emphasis or code
-    marks ("ignore **all** previous", "__your__"), "any and all" read as "all"."""
-    folded = re.sub(r"[*~`]+|(?<!\w)_+|_+(?!\w)", "", normal)
-    return re.sub(r"\bany and all\b", "all", folded, flags=re.IGNORECASE)
-
-
-def rendered_markup(normal: str) -> str:
-    """What the structure checks see: Markdown shows code spans and fenced blocks
-    as written, so HTML inside them cannot hide anything; drop them."""
-    without_fences = re.sub(r"^```.*?^```", "", normal, flags=re.S | re.M)
-    return re.sub(r"`[^`\n]*`", "", without_fences)
+_SCAN_MAX_CHARS = 65_536                # bounds the scanner's work on a huge file
 
 
 def find_injection(text: str) -> list[str]:
-    """Sorted ids of the threats found in `text`; [] when it looks clean."""
+    """Sorted ids of the threats found in `text`; [] when it looks clean. The rules
+    are under "Scanner details", after the system prompt."""
     text = text[:_SCAN_MAX_CHARS]
     findings = {"invisible_unicode"} if invisible_characters(text) else set()
-    # NFKC folds look-alike forms of Latin letters; it does not fold other
-    # scripts: a Cyrillic "а" still slips through.
     normal = normalise_text(text)
-    folded, markup = fold_text(normal), rendered_markup(normal)
-    findings.update(finding for finding, pattern in THREAT_PATTERNS if pattern.search(folded))
+    # The model reads every word of the file, code included; a person reviewing it
+    # reads the rendered page. So the word rules read the text with its markup
+    # folded away, and the structure checks read the HTML for what the page hides.
+    words, markup = fold_text(normal), rendered_markup(normal)
+    findings.update(finding for finding, rule in THREAT_PATTERNS if rule.search(words))
     findings.update(finding for finding, check in STRUCTURE_CHECKS if check(markup))
     return sorted(findings)
 
@@ -1054,12 +1169,13 @@ def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> st
             f"read the file to see them ...]\n{tail}")
 
 
-def read_context_file(path: Path) -> str | None:
+def read_context_file(path: Path, follow_links: bool = False) -> str | None:
     """The file's text, None if there is no such file, or a one-line SKIPPED notice.
-    A symbolic link is refused: a cloned repository can point AGENTS.md at
-    /proc/self/environ or at a key file, and the prompt goes to the endpoint."""
+    A symbolic link is refused unless `follow_links`: a cloned repository can point
+    AGENTS.md at /proc/self/environ or at a key file, and the prompt goes to the
+    endpoint. The user's own home is trusted with links (see load_identity)."""
     try:
-        if path.is_symlink():
+        if path.is_symlink() and not follow_links:
             return f"[SKIPPED: {path.name} is a symbolic link; context files must be regular files]"
         if not path.is_file():
             return None
@@ -1071,10 +1187,10 @@ def read_context_file(path: Path) -> str | None:
     return text.removeprefix("\ufeff")      # some editors start files with a BOM
 
 
-def load_context_file(path: Path) -> str | None:
+def load_context_file(path: Path, follow_links: bool = False) -> str | None:
     """The file's text for the system prompt, a one-line BLOCKED or SKIPPED notice
     in its place, or None when there is no such file."""
-    text = read_context_file(path)
+    text = read_context_file(path, follow_links)
     if text is None or text.startswith("[SKIPPED: "):
         return text
     capped = cap_context(text, path.name)
@@ -1097,26 +1213,324 @@ TOOL_GUIDANCE = ("Act with tools instead of describing what you would do. Read a
 
 
 def load_identity(home: Path) -> str:
-    """SOUL.md in the home folder, scanned like any context file, or the default."""
-    soul = load_context_file(home / "SOUL.md")
-    return DEFAULT_IDENTITY if soul is None else soul.rstrip()
+    """SOUL.md in the home folder, scanned like any context file, or the default when
+    it is missing or blank. SOUL.md may be a symbolic link (dotfiles often are): the
+    home folder is the user's own, unlike the files of a cloned project."""
+    soul = load_context_file(home / "SOUL.md", follow_links=True)
+    return soul.rstrip() if soul and soul.strip() else DEFAULT_IDENTITY
 
 
-def environment_section(cwd: Path) -> str:
+def current_directory() -> Path | None:
+    """The working directory, or None if it was deleted while we were inside it."""
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        return None
+
+
+def environment_section(cwd: Path | None) -> str:
     # The date, not the time: the prompt must stay byte-identical all session.
-    return (f"Date: {time.strftime('%Y-%m-%d')}\nWorking directory: {cwd}\n"
+    # A folder name that is not UTF-8 arrives with lone surrogates, which neither the
+    # endpoint nor the session store accepts: its undecodable bytes become �.
+    where = "(deleted: it no longer exists)" if cwd is None else \
+        os.fsencode(cwd).decode("utf-8", errors="replace")
+    return (f"Date: {time.strftime('%Y-%m-%d')}\nWorking directory: {where}\n"
             f"Operating system: {platform.system()} {platform.release()}")
 
 
-def build_system_prompt(cwd: Path, home: Path) -> str:
-    """Identity, tool guidance, context files, environment: always in this order."""
+def build_system_prompt(cwd: Path | None, home: Path) -> str:
+    """Identity, tool guidance, context files, environment: always in this order.
+    `cwd` is None when the working directory was deleted: there are no project files."""
     parts = [load_identity(home), "## Using tools\n" + TOOL_GUIDANCE]
-    for name in CONTEXT_FILE_NAMES:
+    for name in (CONTEXT_FILE_NAMES if cwd is not None else ()):
         content = load_context_file(cwd / name)
         if content is not None:
             parts.append(f"## Project instructions from {name}\n{content.rstrip()}")
     parts.append("## Environment\n" + environment_section(cwd))
     return "\n\n".join(parts)
+
+# ── [s04] Scanner details ───────────────────────────────────────────────────
+
+# Characters a reviewer cannot see but the model still reads: Unicode's "default
+# ignorable" code points (zero-width spaces and joiners, bidi controls, soft hyphens,
+# Hangul fillers, tag characters, ...) plus every other format character (Cf).
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+                        "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0"
+                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+# Variation selectors also count, but the emoji in "⚠️" carries one, so they are
+# removed before matching (they cannot split a keyword) and not reported.
+_EMOJI_SELECTORS = re.compile("[\ufe00-\ufe0f]")
+
+
+def is_invisible(char: str) -> bool:
+    return bool(_INVISIBLE.match(char)) or unicodedata.category(char) == "Cf"
+
+
+def invisible_characters(text: str) -> set[str]:
+    return {char for char in set(text) if is_invisible(char)}
+
+
+def normalise_text(text: str) -> str:
+    """Invisible characters removed (so they cannot split a keyword), NFKC (full-width
+    "ｉｇｎｏｒｅ" becomes "ignore", but a Cyrillic "а" stays Cyrillic) and one kind of
+    line break. Indentation stays: in Markdown it can make a line code."""
+    invisible = invisible_characters(text)
+    if invisible:
+        text = text.translate(dict.fromkeys(map(ord, invisible)))
+    normal = unicodedata.normalize("NFKC", _EMOJI_SELECTORS.sub("", text))
+    return re.sub(r"\r\n|[\r\v\f\x85\u2028\u2029]", "\n", normal)
+
+
+# Comments and tags. A comment also ends at the next "<!--", so that a file full of
+# unclosed ones is read once, not once per "<!--".
+_MARKUP = re.compile(r"<!--(?:(?!<!--).)*?-->|</?[a-z][^<>]*>", re.IGNORECASE | re.DOTALL)
+
+
+def fold_text(normal: str) -> str:
+    """What the word rules read: the text in lower case, without the markup that can
+    split or disguise a key word. Tags and comments are cut out (`ig<b></b>nore`,
+    `<em>all</em>`) and what was inside them follows as paragraphs of their own;
+    entities are decoded (`&#105;gnore`) and the result normalised again; backslashes,
+    emphasis and code marks are dropped (`ign\\ore`, `**all**`, `__your__`); "any and
+    all" is "all"."""
+    insides = []
+
+    def cut_out(markup: re.Match) -> str:
+        insides.append(markup.group().strip("<!-/>"))
+        return ""
+
+    text = "\n\n".join([_MARKUP.sub(cut_out, normal), *insides])
+    text = normalise_text(html.unescape(text))
+    text = re.sub(r"\\\n", " ", text)                       # curl … \<newline> -d …
+    text = re.sub(r"[\\*~`]+|_+(?!\w)|_(?<!\w_)_*", "", text)   # but snake_case stays
+    text = re.sub(r"[^\S\n]{2,}|[^\S\n ]", " ", text)       # tabs, NBSP … → one space
+    text = text.lower().replace(" \n", "\n").replace("\n ", "\n")    # see _GAP
+    return re.sub(r"\bany and all\b", "all", text)
+
+
+# An attack has many wordings ("ignore ALL OF YOUR previous instructions"), so most
+# rules look for key words in order with up to 8 filler words between them, as Hermes
+# does. Unlike Hermes, the filler stays inside one clause: it never crosses
+# punctuation, a blank line or a conjunction. So "Ignore old warnings but follow all
+# instructions" and "Ignore lint errors.\n\nAll previous instructions apply" stay clean.
+_GAP = r"[ \n]"                                 # fold_text() leaves one of these
+_WORD = r"(?!(?:and|or|but|then|и|или|но|а|затем)\b)\w[\w'’-]*"  # "don't", "built-in"
+_FILLER = rf"(?:{_WORD}{_GAP}){{0,8}}"
+# "Do not ignore the rules" is the opposite of an attack, and common in AGENTS.md; so
+# are "не игнорируйте" and "不要忽略". ("Why not ignore …" is no negation.)
+_NEGATIONS = [r"(?<!why )\bnot ", r"\bnever ", r"\bdont ", "n['’]t ", r"\bне ",
+              "[不别勿]", "不[要能得可应]"]
+
+
+def _near(*keywords: str) -> re.Pattern:
+    """Key words in this order, each within 8 filler words of the one before."""
+    parts = [keyword.replace(" ", _GAP) for keyword in keywords]
+    return re.compile((_GAP + _FILLER).join(parts) + r"\b")
+
+
+def _zh(*keywords: str) -> re.Pattern:
+    """Chinese has no spaces between words: key words in this order, each within 10
+    characters of the one before, in one clause (NFKC made "，" a ",")."""
+    return re.compile(r"[^\n.,;:!?。、]{0,10}".join(keywords))
+
+
+def _first(*words: str, negatable: bool = False) -> str:
+    """A rule's first key word: one of `words`, not inside another word and, if it is
+    `negatable`, not right after a negation. The word comes first and the checks on
+    what precedes it after it, so that the regular expression engine jumps from one
+    occurrence of the word to the next instead of trying every position in the file."""
+    forms = []
+    for word in words:
+        # Chinese has no spaces between words, so there is no word boundary to check.
+        before = [] if re.match("[\u4e00-\u9fff]", word) else [r"\w"]
+        before += _NEGATIONS if negatable else []
+        forms.append(word + "".join(f"(?<!{text}{word})" for text in before))
+    return f"(?:{'|'.join(forms)})"
+
+
+# Words that describe a system innocently ("the worker sends a heartbeat to the
+# scheduler", "fakes pretend to be the API") are a threat as an order to the agent:
+# at the start of a sentence, line or list item, or after "you must" and the like.
+_ORDER = (r"(?<!\w\s)(?<!\w)(?:(?:please|now|then|also|always|first|periodically|let['’]s"
+          r"|from now on|you (?:must|should|will|need to|have to)|i (?:want|need) you to) ){0,2}")
+
+
+class _SameLine:
+    """A rule for shell commands: `first`, then `then` later on the same line. Each
+    line is searched once, from its first `first`: a single regular expression would
+    search the rest of the line again from each of a thousand `curl`s in it."""
+
+    def __init__(self, first: str, then: str):
+        self.first, self.then = re.compile(first), re.compile(then)
+
+    def search(self, text: str) -> bool:
+        found = self.first.search(text)
+        while found:
+            line_end = text.find("\n", found.end())
+            if line_end == -1:
+                line_end = len(text)
+            if self.then.search(text, found.end(), line_end):
+                return True
+            found = self.first.search(text, line_end)       # from the next line on
+        return False
+
+
+_SECRET_VARIABLE = r"\$(?:env:)?\{?\w*(?:key|token|secret|password|credential)s?\b"
+_SECRET_FILE = (r"(?:\.env(?!\.example|\.sample|\.template)|\.netrc|\.pgpass|\.npmrc|\.pypirc"
+                r"|\.git-credentials|id_(?:rsa|dsa|ecdsa|ed25519)(?!\.pub)"
+                r"|credentials(?:\.json)?(?![\w.]))\b")
+# curl and wget send a file's content with @file, < file, -T file, --post-file=file …
+_SENDS_SECRET_FILE = (r"(?:@|< ?|(?<![\w-])-t ?|--upload-file[ =]|--(?:post|body)-file[ =])"
+                      rf"[\"']?[^\s\"'@<>;|&]*{_SECRET_FILE}")
+_CURL = _first("curl") + r"(?:\.exe)? "
+_WGET = _first("wget") + r"(?:\.exe)? "
+
+THREAT_PATTERNS = [
+    # Orders to drop the rules the agent already has. Russian words change their
+    # endings (инструкция, инструкции, инструкций), so its rules match stems.
+    ("ignore_instructions", _near(_first("ignore", negatable=True),
+                                  "(?:previous|all|above|prior)", "instructions?")),
+    ("ignore_instructions", _near(_first("проигнорир", "игнорир", "забуд", "забыва", "отброс",
+                                         "пренебрег", negatable=True) + r"\w*",
+                                  r"(?:вс[её]\w*|предыдущ\w*|прежн\w*|ранее|выше|сво\w*"
+                                  r"|тво\w*|ваш\w*)",
+                                  r"(?:инструкци|указани|правил|ограничени|директив)\w*")),
+    ("ignore_instructions", _zh(_first("忽略", "忽视", "无视", "忘记", "忘掉", "抛开",
+                                       "不要理会", "别管", negatable=True),
+                                "(?:之前|以上|上面|前面|先前|此前|以前|原有|原来"
+                                "|所有|全部|一切|你的)",
+                                "(?:指令|指示|提示词|规则|设定|限制|约束)")),
+    ("disregard_rules", _near(_first("disregard", negatable=True), "(?:your|all|any)",
+                              "(?:instructions|rules|guidelines)")),
+    ("system_prompt_override", _near(_first("system prompt override"))),
+    # Role play: the agent is told it is somebody else now.
+    ("role_change", _near(_first("you are", "you're", "you’re"), "now (?:a|an|the)")),
+    ("role_change", _near(_ORDER + "pretend", "(?:that )?(?:you(?: are|'re|’re)|to be)")),
+    ("role_change", _near(_first("you have been", "you've been", "you’ve been"),
+                          "(?:updated|upgraded|patched)", "to")),
+    ("role_change", _near(_first("ты теперь", "вы теперь", "ты отныне", "вы отныне")
+                          + r"(?! (?:(?:с?мож|долж|зна|вид)\w*|в|на|у|с|из|по|не)\b)")),
+    ("role_change", re.compile(_first("теперь", "отныне") + r",? (?:ты|вы)(?: —| -|:| являе"
+                                                            r"| игра\w* рол)")),
+    ("role_change", re.compile("你现在(?:是(?![否在不])|扮演|成为)"
+                               "|从现在(?:开始|起),?你(?:是|就是|将是|要扮演)|假装(?:你是|自己是)")),
+    # Jailbreak: the limits are said to be gone.
+    ("no_restrictions", _near(_first("act as if", "act as though"), "you",
+                              "(?:have no|do not have|don['’]?t have)",
+                              "(?:restrictions|limits|rules)")),
+    ("no_restrictions", _near(_first("respond", "answer", "reply"), "without",
+                              "(?:restrictions|limits|limitations|filters|filtering|safety"
+                              "|censorship)")),
+    # The agent's own instructions, handed over.
+    ("reveal_prompt", _near(_first("output", "print", "reveal", "show", "repeat", "display",
+                                   "dump", "leak", negatable=True), "your",
+                            "(?:system|initial|original|hidden) (?:prompt|instructions)")),
+    ("reveal_prompt", _near(_first("покаж", "вывед", "напечата", "раскро", "повтор", "выда",
+                                   "распечата", negatable=True) + r"\w*", r"(?:сво|тво|ваш)\w*",
+                            r"(?:системн|исходн|начальн|скрыт)\w* (?:промпт|подсказк"
+                            r"|инструкци|запрос)\w*")),
+    ("reveal_prompt", _zh(_first("输出", "打印", "显示", "展示", "告诉我", "透露", "泄露", "重复",
+                                 "给出", "说出", negatable=True),
+                          "你的", "(?:系统|初始|原始)(?:提示|指令|消息)")),
+    # Secrecy: the user must not learn what the agent did.
+    ("hide_from_user", _near(_first("do not", "don't", "don’t", "dont"), "tell",
+                             "the user(?! to )")),          # "… tell the user to run X" is fine
+    # A payload that becomes a command only once translated.
+    ("translate_execute", _near(_first("translate"), "into",
+                                r"and (?:then )?(?:execute|eval|run)(?: (?:it|them|that|this"
+                                r"|the (?:result|output|code))\b|(?=[.,;:!?\n]|$))")),
+    # The agent's own settings taken out of its environment: `unset FOO_BAR OPENAI_API_KEY`,
+    # but not "an unset OPENAI_API_KEY".
+    ("unset_agent_env", re.compile(_first("unset") + r"(?<!an unset)(?<!the unset) (?:-[fv] )?"
+                                   r"(?:\w*_\w* ){0,5}(?:\w*(?:openai|anthropic|hermes|claude"
+                                   r"|codex)|agent_)")),
+    # Command and control: the agent enrolled in somebody's network of bots.
+    ("c2_vocabulary", _near(_ORDER + "register", "as a (?:node|bot|peer|worker|agent)")),
+    ("c2_vocabulary", _near(_ORDER + "(?:send (?:a |an )?)?(?:beacon|heartbeat|phone home)",
+                            "(?:to|with)")),
+    ("c2_vocabulary", _near(_ORDER + "(?:pull|fetch|poll for|download)",
+                            "(?:tasks|jobs|orders|commands)", r"from (?:https?://|\d+\.\d+\.)")),
+    ("c2_vocabulary", re.compile(_first("check in", "check-in") + r" (?:to|with|at)"
+                                 r" (?:https?://|\d+\.\d+\.)")),
+    ("c2_vocabulary", _near(_first("command and control", "command-and-control",
+                                   "cobalt strike", "cobaltstrike", "metasploit", "brainworm"))),
+    ("c2_vocabulary", _near(_first("c2"), "(?:servers?|channels?|infrastructure|beacons?"
+                                          "|nodes?|network)")),
+    ("c2_vocabulary", _near(_first("sliver", "havoc", "mythic"),
+                            "(?:c2|implant|teamserver|beacon|agent|payload)s?")),
+    # Secrets sent to a server, or read from the files that hold them.
+    ("exfil_curl", _SameLine(_CURL, _SECRET_VARIABLE)),
+    ("exfil_wget", _SameLine(_WGET, _SECRET_VARIABLE)),
+    ("exfil_pipe", _SameLine(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
+    ("upload_secrets", _SameLine(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
+    ("read_secrets",            # the secrets file is one of cat's next few arguments
+     re.compile(_first("cat") + r"(?: | ?< ?)(?:[^\s;|&,<>]+ ){0,3}[^\s;|&,<>]*"
+                + _SECRET_FILE)),
+]
+
+# CommonMark, as the Markdown previews of GitHub, GitLab and editors render it, with
+# GitHub's tables. Links, images and emphasis cannot turn code into HTML or back, so
+# their (slow) rules are off; reference definitions, never shown, are rendered as text
+# so that what they hide is seen. markdown-it ships with rich.
+_MARKDOWN = MarkdownIt("commonmark").enable("table").disable(["link", "image", "emphasis",
+                                                               "reference"])
+_RENDER_MAX_WORK = 20_000       # 25 a line + 1 a mark: markdown-it is pure Python
+
+
+def rendered_markup(normal: str) -> str:
+    """The HTML a Markdown renderer makes of the text: comments and hidden elements in
+    it are what a reader of the page never sees. Code spans, fenced and indented code
+    come out escaped (`&lt;!--`), so HTML shown as code hides nothing, and a comment
+    after "```x```" or between escaped backticks is a real one. Text without a comment
+    or a hiding style has nothing to render. Text that would take long to render is
+    judged as written: every comment in it counts (fail closed)."""
+    if not _HIDDEN_TEXT.search(normal) and not hidden_element(normal):
+        return ""
+    if 25 * normal.count("\n") + len(re.findall(r"[^\w\s]", normal)) > _RENDER_MAX_WORK:
+        return normal
+    try:
+        return _MARKDOWN.render(normal)
+    except Exception:                   # a bug in the parser must not let a file through
+        return normal
+
+
+# What a browser never shows: comments, closed or not, and the "bogus comments" that
+# <?…> and <!…> become in HTML.
+_HIDDEN_TEXT = re.compile(r"<!--.*?(?:-->|\Z)|<[?!][^>]*", re.DOTALL)
+_COMMENT_KEYWORD = re.compile(r"(?<![a-z])(?:ignore|override|system|secret|hidden)(?![a-z])"
+                              r"|(?<![а-яё])(?:игнорир|переопредел|систем|секрет|скрыт)"
+                              r"|忽略|覆盖|系统|秘密|隐藏", re.IGNORECASE)
+# Formatters' and linters' markers: <!-- prettier-ignore -->, <!-- cspell:ignore x -->.
+_TOOL_COMMENT = re.compile(r"\b(?:prettier|dprint|deno-fmt|cspell|codespell|markdownlint|"
+                           r"eslint|textlint|alex|lint)[-: ]ignore\S*", re.IGNORECASE)
+_STYLED_TAG = re.compile(r"<[a-z][^<>]*(?:style|hidden)[^<>]*", re.IGNORECASE)
+_HIDING_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden|\shidden(?=[\s=/]|$)",
+                           re.IGNORECASE)
+
+
+def hidden_comment_directive(markup: str) -> bool:
+    """An HTML comment, closed or not, that contains a directive keyword, also written
+    with entities. (A formatter's marker such as `<!-- prettier-ignore -->` is not a
+    directive.)"""
+    for hidden in _HIDDEN_TEXT.finditer(markup):
+        if _COMMENT_KEYWORD.search(html.unescape(_TOOL_COMMENT.sub("", hidden.group()))):
+            return True
+    return False
+
+
+def hidden_element(markup: str) -> bool:
+    """An HTML tag that hides its element: display:none, visibility:hidden, also
+    written with entities (`&colon;`) or CSS comments (`display:/**/none`), or the
+    `hidden` attribute."""
+    for tag in _STYLED_TAG.finditer(markup):
+        style = re.sub(r"/\*.*?\*/", "", html.unescape(tag.group()))
+        if _HIDING_STYLE.search(style):
+            return True
+    return False
+
+
+STRUCTURE_CHECKS = [("html_comment_directive", hidden_comment_directive),
+                    ("hidden_element", hidden_element)]
 
 # ── [s01] Command line and REPL ─────────────────────────────────────────────
 
@@ -1156,7 +1570,7 @@ class Session:
         self.session_id = session_id
         is_new = not messages
         if is_new:
-            prompt = build_system_prompt(Path.cwd(), hermes_home())
+            prompt = build_system_prompt(current_directory(), hermes_home())
             messages = [{"role": "system", "content": prompt}]
         self.messages = RecordedMessages(self.store, session_id, self.model, messages) \
             if self.store else list(messages)
@@ -1168,7 +1582,8 @@ class Session:
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
-        console.print(Text(f"  → {data['name']} {data['arguments']}", style="cyan"))
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
     elif kind == "tool_result":
         outcome = classify_tool_result(data["name"], data["result"])
         style = {"landed": "green", "error": "red", "refused": "yellow"}.get(outcome, "dim")
@@ -1192,13 +1607,20 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines])
 
 
+def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
+    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
+    if len(arguments) <= limit:
+        return arguments
+    return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
+
+
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     try:
         answer = run_conversation(session.client, session.model, session.messages,
                                   session.max_iterations, show_event, session.tools)
-    except openai.OpenAIError as exc:
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
         err_console.print(Text("error: " + describe_api_error(exc, session.base_url, session.model),
                                style="red"))
         return False
@@ -1283,14 +1705,19 @@ def show_prompt(session: Session, argument: str) -> None:
 
 
 def close_session(session: Session) -> None:
-    """Record the end time of a session that was saved; never fail on the way out."""
+    """Record the end time of a session that was saved, and close the store so that
+    state.db holds everything, not its -wal file. Never fail on the way out."""
+    CtrlC.armed = False                     # leaving: a late Ctrl-C must not cut this short
     messages = session.messages
-    if isinstance(messages, RecordedMessages) and messages.store is not None:
-        try:
-            if messages.store.session_exists(session.session_id):
-                messages.store.end_session(session.session_id)
-        except sqlite3.Error:
-            pass
+    try:
+        if isinstance(messages, RecordedMessages) and messages.store is not None \
+                and messages.store.session_exists(session.session_id):
+            messages.store.end_session(session.session_id)
+    except sqlite3.Error:
+        pass                                # e.g. locked: the end time is only a label
+    if session.store is not None:
+        session.store.close()
+        ActiveSession.store = None
 
 
 COMMANDS = {"/help": show_help,         # later stages add their own slash commands
@@ -1300,13 +1727,15 @@ COMMANDS = {"/help": show_help,         # later stages add their own slash comma
             "/prompt": show_prompt}
 
 
-def handle_command(session: Session, line: str) -> None:
+def handle_command(session: Session, line: str) -> bool:
+    """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
     command = COMMANDS.get(name)
     if command is None:
         console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
-        return
+        return False
     command(session, argument.strip())
+    return True
 
 
 def undecodable_to_replacement(line: str) -> str:
@@ -1345,7 +1774,10 @@ def repl(session: Session) -> int:
             pass
     while True:
         try:
-            line = read_line(f"{STAGE}> ", interactive)
+            if interactive:                 # Ctrl-C at the prompt clears the line
+                line = CtrlC.allow(read_line, f"{STAGE}> ", True)
+            else:                           # a late Ctrl-C must not throw away a piped line
+                line = read_line(f"{STAGE}> ", False)
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
@@ -1357,7 +1789,7 @@ def repl(session: Session) -> int:
             handle_command(session, line)
             continue
         try:
-            run_turn(session, line)
+            CtrlC.allow(run_turn, session, line)
         except KeyboardInterrupt:
             answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
@@ -1385,7 +1817,7 @@ def demo_folder(agents_md: str, template: Session) -> Session:
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    start = os.getcwd()
+    start = current_directory()             # None if it was deleted: then there is no way back
     with tempfile.TemporaryDirectory(prefix="s04-demo-") as folder:
         os.chdir(folder)                    # the demo's AGENTS.md files live here
         try:
@@ -1410,7 +1842,8 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"same prompt as before: {current.messages[0]['content'] == before}",
                                style="dim"))
         finally:
-            os.chdir(start)
+            if start is not None:
+                os.chdir(start)
     return 0
 
 
@@ -1461,13 +1894,46 @@ def open_session(args) -> Session:
     tools = REGISTRY.get_definitions(args.toolsets, args.disable_toolsets)
     if args.offline or args.demo or not (base_url or api_key):
         server = start_offline_server()
-        err_console.print(Text(f"[offline model at {server.url}: no API key needed. "
-                               f"Type '$ <command>' or /help]", style="yellow"))
+        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
         return Session(make_client(server.url, "offline"), "offline", server.url,
                        args.max_iterations, tools, store)
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations, tools, store)
+
+
+class CtrlC:
+    """Ctrl-C cancels what is running, once.
+
+    The first SIGINT raises KeyboardInterrupt. Any more (a held key, an impatient
+    learner) are ignored until the REPL is ready again, so the clean-up of the
+    cancelled turn (killing the command, answering its tool calls) is never cut
+    in half and never ends the REPL with a traceback.
+    """
+    armed = True
+
+    @classmethod
+    def install(cls) -> None:
+        cls.armed = True
+        signal.signal(signal.SIGINT, cls.on_sigint)
+
+    @classmethod
+    def on_sigint(cls, signum, frame) -> None:
+        if cls.armed:
+            cls.armed = False
+            raise KeyboardInterrupt
+
+    @classmethod
+    def allow(cls, function, *args):
+        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+        cls.armed = True
+        try:
+            return function(*args)
+        finally:
+            cls.armed = False
 
 
 def exit_on_signals() -> None:
@@ -1481,21 +1947,29 @@ def exit_on_signals() -> None:
             signal.signal(getattr(signal, name), stop)
 
 
+def run_prompt(session: Session, text: str) -> int:
+    """-p: one question or one slash command, then the exit code."""
+    if text.strip().startswith("/"):
+        return 0 if handle_command(session, text) else 1
+    try:
+        return 0 if run_turn(session, text) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv=None) -> int:
     exit_on_signals()
+    CtrlC.install()
     args = parse_args(argv)
     session = open_session(args)
     if args.demo:
         return run_demo(session)
-    wanted = args.resume or ("latest" if args.continue_session else None)
-    if wanted and not resume_session(session, wanted):
-        return 1
     try:
+        wanted = args.resume or ("latest" if args.continue_session else None)
+        if wanted and not resume_session(session, wanted):
+            return 1
         if args.prompt is not None:
-            try:
-                return 0 if run_turn(session, args.prompt) else 1
-            except KeyboardInterrupt:
-                return 130
+            return run_prompt(session, args.prompt)
         return repl(session)
     finally:
         close_session(session)

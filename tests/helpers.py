@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENTS = ROOT / "agents"
+# LEARN_HERMES_AGENTS_DIR points the tests at another copy of agents/ (tests/mutants.py).
+AGENTS = Path(os.environ.get("LEARN_HERMES_AGENTS_DIR") or ROOT / "agents")
 STAGE_FILE = re.compile(r"^s(\d\d)_[a-z0-9_]+\.py$")
 
 
@@ -84,9 +85,9 @@ def run_main(stage, *argv: str, stdin: str = "", env: dict | None = None, cwd=No
     restored afterwards. About 40x cheaper than a process (engineering notes §8).
     """
     module = fresh_stage(stage) if isinstance(stage, str) else stage
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_env, saved_cwd = dict(os.environ), working_directory()
     saved_signals = {name: signal.getsignal(getattr(signal, name))
-                     for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)}
+                     for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
     out, err = io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
     os.environ.clear()
@@ -102,12 +103,32 @@ def run_main(stage, *argv: str, stdin: str = "", env: dict | None = None, cwd=No
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         sys.stdin = saved_stdin
-        os.chdir(saved_cwd)
+        if saved_cwd is not None:
+            os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
         for name, handler in saved_signals.items():
             signal.signal(getattr(signal, name), handler)
     return Run(code if code is not None else 0, out.getvalue(), err.getvalue())
+
+
+def working_directory() -> str | None:
+    """os.getcwd(), or None when a test has deleted the directory it is in."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
+def repl_output(stdout: str, prompt: str, line: str) -> str:
+    """What a piped REPL printed for one input `line`: from the echo of the line
+    (`s04> /help`) up to the next prompt, or to the end without its final newline.
+    Fails clearly if the line was never read."""
+    echo = f"{prompt}{line}\n"
+    assert echo in stdout, f"the REPL never echoed {echo!r}:\n{stdout}"
+    output = stdout.split(echo, 1)[1]
+    end = output.find(f"\n{prompt}")
+    return output[:end] if end >= 0 else output.removesuffix("\n")
 
 
 def clean_env(**extra: str) -> dict:

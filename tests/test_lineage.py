@@ -25,7 +25,9 @@ LINEAGE = {
                   "validate_tool_call", "MAX_INVALID_TURNS", "JSON_TYPES",
                   "read_file", "write_file", "patch", "search_files", "searchable_files",
                   "function_schema", "error_result", "parse_result", "classify_tool_result",
-                  "bounded_lines", "MAX_LINE_CHARS",
+                  "bounded_lines", "MAX_LINE_CHARS", "tool_path", "write_text_atomically",
+                  "glob_matches", "after_double_stars", "SEARCH_TIMEOUT", "SEARCH_WORKER",
+                  "search_timeout_error", "run_search_worker",
                   "tool_may_have_side_effect", "MAX_READ_LINES", "MAX_SEARCH_MATCHES",
                   "MAX_SEARCH_FILE_BYTES", "SKIPPED_DIRS", "show_tools", "toolset_list",
                   "demo_availability", "stubborn_retry", "DOOR_ERRORS"],
@@ -38,7 +40,7 @@ LINEAGE = {
     "s03_session_store": {
         "added": ["STATE_DB_NAME", "SQLITE_TIMEOUT", "SEARCH_RESULTS_MAX", "HISTORY_NOTE",
                   "SCHEMA", "FTS_SCHEMA", "hermes_home", "new_session_id", "is_searchable",
-                  "search_words", "SessionStore", "like_snippet", "open_store",
+                  "search_words", "CJK_CHARACTER", "casefold", "SessionStore", "like_snippet", "open_store",
                   "RecordedMessages", "ActiveSession", "session_search", "SESSION_SEARCH_ENTRY",
                   "<REGISTRY.register(SESSION_SEARCH_ENTRY)>", "show_sessions", "resume_session",
                   "resume_command", "close_session", "demo_session", "demo_say"],
@@ -50,13 +52,15 @@ LINEAGE = {
     "s04_prompt_builder": {
         "added": ["CONTEXT_FILE_NAMES", "CONTEXT_FILE_MAX_CHARS", "MAX_CONTEXT_FILE_BYTES",
                   "_SCAN_MAX_CHARS", "_INVISIBLE", "_EMOJI_SELECTORS", "_GAP", "_WORD", "_FILLER",
-                  "_NOT_NEGATED", "_SECRET_VARIABLE", "_SECRET_FILE", "_near", "THREAT_PATTERNS",
+                  "_NEGATIONS", "_SECRET_VARIABLE", "_SECRET_FILE", "_near", "THREAT_PATTERNS",
+                  "_zh", "_first", "_ORDER", "_SameLine", "_SENDS_SECRET_FILE", "_CURL", "_WGET",
+                  "_MARKUP", "_MARKDOWN", "_RENDER_MAX_WORK", "_STYLED_TAG", "_HIDDEN_TEXT",
                   "_COMMENT_KEYWORD", "_TOOL_COMMENT", "_HIDING_STYLE",
                   "hidden_comment_directive", "hidden_element", "STRUCTURE_CHECKS",
                   "is_invisible", "invisible_characters", "normalise_text", "fold_text",
                   "rendered_markup", "find_injection", "cap_context",
                   "read_context_file", "load_context_file", "DEFAULT_IDENTITY", "TOOL_GUIDANCE",
-                  "load_identity",
+                  "load_identity", "current_directory",
                   "environment_section", "build_system_prompt", "show_prompt",
                   "describe_system_prompt", "CLEAN_AGENTS_MD", "POISONED_AGENTS_MD",
                   "demo_folder"],
@@ -165,13 +169,80 @@ def test_banners_name_a_stage_and_never_say_new(stage):
     assert found[-1] == ("", "Offline model (not part of the lesson)")
 
 
+# The "Changes from sNN" list in a stage's docstring. Each entry starts with four spaces:
+# the names, then two or more spaces and what changed. Names are separated by commas
+# (`run_demo()`, `Session.switch_to()` and `REGISTRY.register(X)` name run_demo, Session
+# and the statement <REGISTRY.register(X)>); a trailing comma continues them on the next
+# line. "added:" and "removed:" label the added and removed names; the others are changed.
+#
+#     Changes from s01
+#         added: ToolEntry, ToolRegistry, REGISTRY, build_registry(),
+#                validate_tool_call(), MAX_INVALID_TURNS
+#         removed: TOOL_SCHEMAS, execute_tool_call()   replaced by REGISTRY
+#         run_tool_calls()      validates every call first
+#                               (a deeper indent continues the description)
+
+ENTRY_NAMES = re.compile(r"^    (\S.*?)(?: {2,}.*)?$")
+LABEL = re.compile(r"^(added|removed): *")
+
+
+def changes_entries(docstring: str) -> list[str]:
+    """The name column of each entry in "Changes from", continuations joined."""
+    lines = docstring.split("\nChanges from", 1)[-1].split("\n")[1:] if \
+        "\nChanges from" in docstring else []
+    entries: list[str] = []
+    continues = False
+    for line in lines:
+        if line.strip() and not line.startswith(" "):
+            break                                               # the next part: "Run"
+        names = ENTRY_NAMES.match(line)
+        if continues:
+            entries[-1] += " " + line.strip().split("  ")[0]
+        elif names:
+            entries.append(names.group(1))
+        continues = bool(entries) and entries[-1].endswith(",")
+    return entries
+
+
+def listed_names(docstring: str, declared: set[str]) -> dict[str, set[str]]:
+    """{"added": names, "removed": names, "changed": names} as the docstring lists them."""
+    listed: dict[str, set[str]] = {"added": set(), "removed": set(), "changed": set()}
+    for entry in changes_entries(docstring):
+        label = LABEL.match(entry)
+        kind = label.group(1) if label else "changed"
+        for item in entry[label.end() if label else 0:].split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if f"<{item}>" in declared:                         # a statement, e.g. a call
+                listed[kind].add(f"<{item}>")
+            elif item.startswith("<"):
+                listed[kind].add(item)
+            else:
+                listed[kind].add(item.removesuffix("()").split(".")[0])
+    return listed
+
+
+def docstring_problems(docstring: str, declared: dict) -> list[str]:
+    everything = {name for kind in ("added", "removed", "changed")
+                  for name in declared.get(kind, ())}
+    listed = listed_names(docstring, everything)
+    problems = []
+    for kind in ("added", "removed", "changed"):
+        expected = set(declared.get(kind, ()))
+        label = "" if kind == "changed" else f" under '{kind}:'"
+        for name in sorted(expected - listed[kind]):
+            problems.append(f"'Changes from' does not list {name}{label} (LINEAGE: {kind})")
+        for name in sorted(listed[kind] - expected):
+            problems.append(f"'Changes from' lists {name}{label}, but LINEAGE does not "
+                            f"declare it {kind}")
+    return problems
+
+
 @pytest.mark.parametrize("stage", [s for s in STAGES if not LINEAGE.get(s, {}).get("base")])
-def test_docstring_names_every_changed_function(stage):
+def test_docstring_lists_exactly_what_lineage_declares(stage):
     docstring = ast.get_docstring(ast.parse(read(stage))) or ""
-    changes = docstring.split("Changes from", 1)[-1].split("\nRun", 1)[0]
-    for name in LINEAGE[stage].get("changed", ()):
-        if not name.startswith("<"):
-            assert name in changes, f"{stage}: 'Changes from' does not name {name}"
+    assert docstring_problems(docstring, LINEAGE[stage]) == []
 
 
 # The mechanism itself must be able to fail: check it on small synthetic stages.
@@ -196,6 +267,37 @@ def test_mechanism_flags_undeclared_additions_removals_and_stale_declarations():
 
 def test_docstring_changes_are_not_code_changes():
     assert lineage_problems(BASE, BASE.replace('"""doc"""', '"""other"""'), {}) == []
+
+
+def test_docstring_check_wants_exactly_the_declared_names():
+    docstring = """s02 · Title.
+
+Changes from s01
+    added: ToolEntry, build_registry(),
+           REGISTRY.register(ENTRY)
+    removed: execute_tool_call()   replaced by the registry
+    Session.switch_to()   a description that names run_turn() and other_thing
+                          and goes on, with a comma at the end,
+    <imports>             json
+Run
+    python agents/s02.py   with two spaces
+"""
+    declared = {"added": ["ToolEntry", "build_registry", "<REGISTRY.register(ENTRY)>"],
+                "removed": ["execute_tool_call"], "changed": ["Session", "<imports>"]}
+    assert docstring_problems(docstring, declared) == []
+    wrong_kind = dict(declared, added=declared["added"] + ["execute_tool_call"], removed=[])
+    assert docstring_problems(docstring, wrong_kind) == [
+        "'Changes from' does not list execute_tool_call under 'added:' (LINEAGE: added)",
+        "'Changes from' lists execute_tool_call under 'removed:', but LINEAGE does not "
+        "declare it removed"]
+    more = dict(declared, changed=["Session", "<imports>", "run_turn"])
+    assert docstring_problems(docstring, more) == [
+        "'Changes from' does not list run_turn (LINEAGE: changed)"]
+    fewer = dict(declared, changed=["<imports>"])
+    assert docstring_problems(docstring, fewer) == [
+        "'Changes from' lists Session, but LINEAGE does not declare it changed"]
+    assert docstring_problems("no list at all", {"changed": ["f"]}) == [
+        "'Changes from' does not list f (LINEAGE: changed)"]
 
 
 def test_banner_check_catches_moved_and_mislabelled_sections():

@@ -5,11 +5,13 @@ Runs on every stage from s02 up.
 
 import json
 import os
+import re
+import threading
 
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import clean_env, load_stage, pairing_problems, run_stage, stages_from
+from helpers import clean_env, load_stage, pairing_problems, run_main, stages_from
 
 STAGES = stages_from("s02")
 
@@ -164,12 +166,12 @@ def test_cli_toolset_flags(stage, monkeypatch, capsys):
     assert names(server.requests[0]["tools"]) == ["terminal"]
 
 
-@pytest.mark.parametrize("stage_name", STAGES)
-def test_unknown_toolset_is_a_one_line_error(stage_name):
-    result = run_stage(stage_name, "--toolsets", "nonsense", "-p", "hi")
+def test_unknown_toolset_is_a_one_line_error(stage):
+    result = run_main(stage, "--toolsets", "nonsense", "-p", "hi")
     assert result.returncode == 2
-    assert "unknown toolset(s) nonsense" in result.stderr
-    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "unknown toolset(s) nonsense (known: file, " in errors[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
 
 
 # ── file tools ────────────────────────────────────────────────────────────
@@ -253,6 +255,168 @@ def test_search_files_skips_fifos_and_devices(stage, workdir):
     assert "error" in json.loads(stage.read_file("d/pipe"))
 
 
+# ── file writes are atomic ────────────────────────────────────────────────
+
+def folder_listing(folder):
+    return sorted(os.listdir(folder))
+
+
+UNENCODABLE = "caf\ud800"                     # a lone surrogate: no UTF-8 for it
+
+
+def test_patch_with_unencodable_text_changes_nothing(stage, workdir):
+    target = workdir / "notes.txt"
+    target.write_bytes(b"one\r\ntwo\n")
+    target.chmod(0o640)
+    result = json.loads(stage.patch("notes.txt", "two", UNENCODABLE))
+    assert result["error"].startswith("nothing written to notes.txt: 'utf-8' codec can't encode")
+    assert target.read_bytes() == b"one\r\ntwo\n"
+    assert target.stat().st_mode & 0o7777 == 0o640
+    assert folder_listing(workdir) == ["notes.txt"]            # no temporary file left
+    assert stage.classify_tool_result("patch", json.dumps(result)) == "error"
+
+
+def test_write_file_with_unencodable_text_changes_nothing(stage, workdir):
+    (workdir / "old.txt").write_text("keep me\n")
+    assert "nothing written" in json.loads(stage.write_file("old.txt", UNENCODABLE))["error"]
+    assert (workdir / "old.txt").read_text() == "keep me\n"
+    assert "nothing written" in json.loads(stage.write_file("new/dir/x.txt", UNENCODABLE))["error"]
+    assert folder_listing(workdir) == ["old.txt"]              # not even the folders
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o755])
+def test_writes_keep_the_file_mode(stage, workdir, mode):
+    target = workdir / "script.sh"
+    target.write_text("echo one\n")
+    target.chmod(mode)
+    assert json.loads(stage.write_file("script.sh", "echo two\n"))["bytes_written"] == 9
+    assert target.stat().st_mode & 0o7777 == mode
+    assert json.loads(stage.patch("script.sh", "two", "three"))["success"] is True
+    assert target.stat().st_mode & 0o7777 == mode
+    assert target.read_text() == "echo three\n" and folder_listing(workdir) == ["script.sh"]
+
+
+def test_a_new_file_gets_the_mode_the_umask_allows(stage, workdir):
+    previous = os.umask(0o027)
+    try:
+        stage.write_file("fresh.txt", "x")
+    finally:
+        os.umask(previous)
+    assert (workdir / "fresh.txt").stat().st_mode & 0o7777 == 0o640
+
+
+def test_a_write_that_fails_midway_keeps_the_old_file(stage, workdir, monkeypatch):
+    (workdir / "data.txt").write_text("old content\n")
+
+    def disk_full(descriptor):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", disk_full)
+    result = json.loads(stage.write_file("data.txt", "new content\n"))
+    assert result["error"] == "nothing written to data.txt: [Errno 28] No space left on device"
+    assert (workdir / "data.txt").read_text() == "old content\n"
+    assert folder_listing(workdir) == ["data.txt"]
+
+
+def test_a_write_through_a_symbolic_link_keeps_the_link(stage, workdir):
+    (workdir / "real.txt").write_text("old\n")
+    (workdir / "link.txt").symlink_to("real.txt")
+    assert json.loads(stage.write_file("link.txt", "new\n"))["path"] == str(workdir / "real.txt")
+    assert (workdir / "link.txt").is_symlink() and (workdir / "real.txt").read_text() == "new\n"
+
+
+# ── a leading ~ is the home folder ────────────────────────────────────────
+
+def test_file_tools_expand_a_leading_tilde(stage, workdir, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    (home / ".profile").write_text("export EDITOR=vi\n")
+    monkeypatch.setenv("HOME", str(home))
+    assert json.loads(stage.read_file("~/.profile"))["content"] == "     1|export EDITOR=vi"
+    assert json.loads(stage.write_file("~/proj/x.txt", "hi\n"))["path"] == str(home / "proj/x.txt")
+    assert json.loads(stage.patch("~/proj/x.txt", "hi", "ho"))["success"] is True
+    assert (home / "proj/x.txt").read_text() == "ho\n"
+    found = json.loads(stage.search_files("ho", "~/proj"))["matches"]
+    assert found == [f"{home}/proj/x.txt:1: ho"]
+    assert not (workdir / "~").exists()
+
+
+# ── search_files: globs and a deadline ────────────────────────────────────
+
+TREE = ["top.py", "src/a.py", "src/pkg/deep/b.py", "src/pkg/deep/notes.txt"]
+GLOBS = [                   # (glob, the files of TREE that it matches)
+    ("*.py", ["top.py", "src/a.py", "src/pkg/deep/b.py"]),
+    ("b.py", ["src/pkg/deep/b.py"]),
+    ("**/*.py", ["top.py", "src/a.py", "src/pkg/deep/b.py"]),
+    ("src/**/*.py", ["src/a.py", "src/pkg/deep/b.py"]),
+    ("src/*.py", ["src/a.py"]),
+    ("**/deep/*.py", ["src/pkg/deep/b.py"]),
+    ("src/**/deep/**", ["src/pkg/deep/b.py", "src/pkg/deep/notes.txt"]),
+    ("./src/*/deep/b.py", ["src/pkg/deep/b.py"]),
+    ("pkg/**/*.py", []),                   # path globs start at the search root
+    ("*/a.py", ["src/a.py"]),
+    ("src/**", ["src/a.py", "src/pkg/deep/b.py", "src/pkg/deep/notes.txt"]),
+    ("**", TREE),
+]
+
+
+@pytest.mark.parametrize("glob,expected", GLOBS)
+def test_glob_matches(stage, glob, expected):
+    assert [name for name in TREE if stage.glob_matches(stage.Path(name), glob)] == expected
+
+
+def test_search_files_uses_path_and_name_globs_below_the_root(stage, workdir):
+    for name in TREE:
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text("needle\n")
+
+    def found(path, glob):
+        result = json.loads(stage.search_files("needle", path, glob))
+        return [match.split(":")[0] for match in result["matches"]]
+    assert found(".", "src/**/*.py") == ["src/a.py", "src/pkg/deep/b.py"]
+    assert found("src", "pkg/**/*.py") == ["src/pkg/deep/b.py"]
+    assert found("src", "*.txt") == ["src/pkg/deep/notes.txt"]
+
+
+def call_with_deadline(function, *args, seconds=60):
+    """function(*args) in a daemon thread; fail clearly if it has not returned in time."""
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(function(*args)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert outcome, f"{function.__name__} did not return within {seconds} s"
+    return outcome[0]
+
+
+def test_many_double_stars_are_matched_without_backtracking(stage):
+    # Trying each way to share 60 folders among 31 `**` would take longer than the universe.
+    deep = stage.Path("/".join(["a"] * 60) + "/z.py")
+    many = "/".join(["**", "a"] * 30)
+    assert not call_with_deadline(stage.glob_matches, deep, many + "/**/b.py")
+    assert call_with_deadline(stage.glob_matches, deep, many + "/**/*.py")
+
+
+def test_a_catastrophic_regex_is_stopped_at_the_deadline(stage, workdir, monkeypatch):
+    # 2**27 ways to try: seconds of work, far beyond the deadline. (Not more: should the
+    # deadline break, `re` holds the interpreter until it finishes and nothing can end it.)
+    (workdir / "lines.txt").write_text("a" * 27 + "b\n")
+    monkeypatch.setattr(stage, "SEARCH_TIMEOUT", 0.25)
+    result = json.loads(stage.search_files("^(a+)+$", "."))
+    assert "error" in result, f"the search ran to its end: {result}"
+    assert result["error"].startswith("search_files stopped after 0.25 s: the pattern may")
+
+
+def test_the_deadline_also_bounds_walking_the_folder(stage, workdir, monkeypatch):
+    (workdir / "one.txt").write_text("x\n")
+    monkeypatch.setattr(stage, "SEARCH_TIMEOUT", -1)           # already past while walking
+    monkeypatch.setattr(stage, "run_search_worker", None)      # so no worker may start
+    assert "stopped after -1 s" in json.loads(stage.search_files("x", "."))["error"]
+
+
+def test_search_files_with_nothing_to_search_starts_no_worker(stage, workdir, monkeypatch):
+    monkeypatch.setattr(stage, "run_search_worker", None)      # calling it would raise
+    assert json.loads(stage.search_files("x", ".")) == {"matches": [], "truncated": False}
+
+
 # ── result classification ─────────────────────────────────────────────────
 
 CLASSIFICATIONS = [
@@ -286,21 +450,58 @@ def test_side_effects_are_assumed_for_mutating_and_unknown_tools(stage):
 
 # ── the REPL and the offline verbs ────────────────────────────────────────
 
+def repl(stage_name, stdin, tmp_path, *argv):
+    """The REPL of a fresh copy of the stage, in-process, fed `stdin` through a pipe."""
+    env = clean_env(LEARN_HERMES_HOME=str(tmp_path / "home"))
+    return run_main(stage_name, *argv, stdin=stdin, cwd=tmp_path, env=env)
+
+
 @pytest.mark.parametrize("stage_name", STAGES)
 def test_repl_shows_landed_changes_and_offline_file_verbs(stage_name, tmp_path):
-    env = clean_env(LEARN_HERMES_HOME=str(tmp_path / "home"))
-    result = run_stage(stage_name, stdin="write out/n.txt hello there\nread out/n.txt\n/tools\n",
-                       cwd=tmp_path, env=env)
+    result = repl(stage_name, "write out/n.txt hello there\nread out/n.txt\n", tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out/n.txt").read_text() == "hello there"
     assert "[landed]" in result.stdout
     assert "Wrote 11 bytes" in result.stdout and "line 1 reads: hello there" in result.stdout
-    assert "file" in result.stdout and "read_file" in result.stdout      # /tools
+
+
+def outputs_by_command(stdout, stage_name, commands):
+    """Split piped REPL output at the echoed prompt lines: what each command printed."""
+    prompt = stage_name[:3] + "> "
+    parts = re.split("^" + re.escape(prompt) + r"(.*)$", stdout, flags=re.M)
+    printed = dict(zip(parts[1::2], parts[2::2]))
+    assert list(printed) == commands, stdout
+    return printed
+
+
+# Lines that only show_tools prints: each toolset, padded to 15, then its offered tools.
+TOOLS_FILE_LINE = re.compile(r"^  file {12}patch, read_file, search_files, write_file$", re.M)
+TOOLS_TERMINAL_LINE = re.compile(r"^  terminal {8}terminal$", re.M)
+HELP_LINES = ["  /tools         the tools offered to the model, by toolset",
+              "  read <path>            read a file with read_file",
+              "  write <path> <text>    write a file with write_file"]
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_tools_and_help_commands_print_their_own_text(stage_name, tmp_path):
+    result = repl(stage_name, "/help\n/tools\n", tmp_path)
+    printed = outputs_by_command(result.stdout, stage_name, ["/help", "/tools"])
+    assert TOOLS_FILE_LINE.search(printed["/tools"]), printed["/tools"]
+    assert TOOLS_TERMINAL_LINE.search(printed["/tools"]), printed["/tools"]
+    assert all(line in printed["/help"].splitlines() for line in HELP_LINES), printed["/help"]
+    assert not TOOLS_FILE_LINE.search(printed["/help"])
+    assert not any(line in printed["/tools"] for line in HELP_LINES)
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_tools_command_shows_a_disabled_toolset_as_not_offered(stage_name, tmp_path):
+    result = repl(stage_name, "/tools\n", tmp_path, "--disable-toolsets", "file")
+    assert re.search(r"^  file {12}\(not offered\)$", result.stdout, re.M), result.stdout
+    assert TOOLS_TERMINAL_LINE.search(result.stdout), result.stdout
 
 
 @pytest.mark.parametrize("stage_name", STAGES)
 def test_offline_raw_call_is_stopped_after_three_strikes(stage_name, tmp_path):
-    env = clean_env(LEARN_HERMES_HOME=str(tmp_path / "home"))
-    result = run_stage(stage_name, stdin='call write_file {"path": \n', cwd=tmp_path, env=env)
+    result = repl(stage_name, 'call write_file {"path": \n', tmp_path)
     assert result.stdout.count("Invalid JSON arguments for write_file") == 3
     assert "3 turns in a row" in result.stdout

@@ -4,12 +4,17 @@ Runs on every stage from s03 up.
 """
 
 import json
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 
-from fake_openai import FakeOpenAI, call, reply
-from helpers import clean_env, load_stage, pairing_problems, run_stage, stages_from
+from fake_openai import FakeOpenAI, call, http_error, reply
+from helpers import (AGENTS, clean_env, fresh_stage, load_stage, pairing_problems, run_main,
+                     stages_from)
 
 STAGES = stages_from("s03")
 
@@ -25,6 +30,24 @@ def stage(request):
 @pytest.fixture
 def db_path(tmp_path):
     return tmp_path / "home" / "state.db"
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """A test that calls main() directly must not leave its Ctrl-C handler behind."""
+    names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
+    yield
+    for name, handler in saved.items():
+        signal.signal(getattr(signal, name), handler)
+
+
+def rows(db_path, sql):
+    db = sqlite3.connect(db_path)
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
 
 
 def recorded_session(stage, store, client=None):
@@ -53,15 +76,25 @@ def test_store_uses_wal_and_the_documented_tables(stage, db_path):
     assert {"id", "started_at", "ended_at", "title", "model", "source"} <= columns
 
 
-def test_every_message_is_saved_as_it_is_appended(stage, db_path):
+def test_every_message_is_saved_as_it_is_appended_once_the_model_answered(stage, db_path):
     store = stage.SessionStore(db_path)
     session = recorded_session(stage, store)
-    count = lambda: sqlite3.connect(db_path).execute("SELECT COUNT(*) FROM messages").fetchone()[0]
-    assert count() == 0                     # nothing is stored before anything is said
+    count = lambda: rows(db_path, "SELECT COUNT(*) FROM messages")[0][0]
     session.messages.append({"role": "user", "content": "one"})
-    assert count() == len(session.messages)
+    assert count() == 0                     # the model has not answered: no session yet
+    assert rows(db_path, "SELECT COUNT(*) FROM sessions") == [(0,)]
     session.messages.append({"role": "assistant", "content": "two"})
     assert count() == len(session.messages)
+    session.messages.append({"role": "user", "content": "three"})
+    assert count() == len(session.messages)
+
+
+def test_the_title_is_the_first_user_message(stage, db_path):
+    session = recorded_session(stage, stage.SessionStore(db_path))
+    for role, text in [("user", "first question"), ("assistant", "a"),
+                       ("user", "second question"), ("assistant", "b")]:
+        session.messages.append({"role": role, "content": text})
+    assert rows(db_path, "SELECT title FROM sessions") == [("first question",)]
 
 
 def test_resume_restores_the_exact_message_list(stage, db_path, tmp_path, monkeypatch):
@@ -165,15 +198,55 @@ def test_resume_of_a_missing_session_is_one_clear_error(stage, db_path, monkeypa
 @pytest.mark.parametrize("stage_name", STAGES)
 def test_repl_sessions_and_resume_commands(stage_name, tmp_path):
     env = clean_env(LEARN_HERMES_HOME=str(tmp_path / "home"))
-    run_stage(stage_name, stdin="$ echo remember-me\n", env=env, cwd=tmp_path)
-    result = run_stage(stage_name, stdin="/sessions\n", env=env, cwd=tmp_path)
+    run_main(stage_name, stdin="$ echo remember-me\n", env=env, cwd=tmp_path)
+    result = run_main(stage_name, stdin="/sessions\n", env=env, cwd=tmp_path)
     old_id = result.stdout.split("/sessions")[1].split()[0]
     assert "$ echo remember-me" in result.stdout
-    result = run_stage(stage_name, stdin=f"/resume {old_id}\n/resume nope\n/sessions\n",
-                       env=env, cwd=tmp_path)
+    result = run_main(stage_name, stdin=f"/resume {old_id}\n/resume nope\n/sessions\n",
+                      env=env, cwd=tmp_path)
     assert f"[resumed session {old_id}: " in result.stdout
     assert "error: no saved session 'nope'" in result.stderr
     assert "* " + old_id in result.stdout
+
+
+def test_a_failed_first_turn_leaves_no_session(stage, db_path, monkeypatch):
+    """A wrong key or URL must not leave a session that /sessions lists and
+    --continue picks up."""
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
+    with FakeOpenAI([http_error(401, "bad key")]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        assert stage.main(["-p", "hello?"]) == 1
+    assert rows(db_path, "SELECT COUNT(*) FROM sessions") == [(0,)]
+    assert rows(db_path, "SELECT COUNT(*) FROM messages") == [(0,)]
+    assert stage.main(["--continue", "-p", "hi"]) == 1       # nothing to continue
+
+
+def test_a_failed_turn_is_saved_with_the_first_answer(stage, db_path, tmp_path):
+    env = clean_env(LEARN_HERMES_HOME=str(db_path.parent))
+    with FakeOpenAI([http_error(401, "bad key"), reply("now it works")]) as server:
+        env["OPENAI_BASE_URL"] = server.url
+        result = run_main(stage, stdin="/sessions\nhello?\n/sessions\nagain\n/sessions\n",
+                          env=env, cwd=tmp_path)
+    assert result.stdout.count("no saved sessions yet") == 2, result.stdout
+    saved = rows(db_path, "SELECT role, content FROM messages WHERE role != 'system' ORDER BY seq")
+    assert saved == [("user", "hello?"), ("user", "again"), ("assistant", "now it works")]
+    assert rows(db_path, "SELECT title FROM sessions") == [("hello?",)]
+
+
+def test_the_store_is_closed_on_exit(stage, db_path, tmp_path):
+    """Everything is in state.db itself, not only in its write-ahead log."""
+    env = clean_env(LEARN_HERMES_HOME=str(db_path.parent))
+    result = run_main(stage, "-p", "$ echo saved-for-good", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    wal = db_path.with_name(db_path.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    reader = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True)
+    try:                                    # immutable: reads state.db, ignores any -wal
+        contents = [c for (c,) in reader.execute("SELECT content FROM messages")]
+    finally:
+        reader.close()
+    assert "$ echo saved-for-good" in contents and len(contents) >= 4
+    assert stage.ActiveSession.store is None
 
 
 # ── session_search ────────────────────────────────────────────────────────
@@ -198,15 +271,85 @@ def test_search_finds_other_sessions_never_the_current_one(stage, db_path, use_f
     assert stage.ActiveSession.session_id == current.session_id
 
 
-def test_search_results_are_not_indexed_again(stage, db_path):
-    store = stage.SessionStore(db_path)
-    fill(stage, store, "unique-word zebra")
+@pytest.mark.parametrize("use_fts", [True, False])
+def test_search_skips_system_prompts_and_earlier_search_results(stage, db_path, use_fts):
+    store = stage.SessionStore(db_path, use_fts=use_fts)
+    said = fill(stage, store, "unique-word zebra")
     searcher = recorded_session(stage, store)
+    searcher.messages.append({"role": "user", "content": "look it up"})
+    searcher.messages.append({"role": "assistant", "content": "", "tool_calls": []})
     searcher.messages.append({"role": "tool", "tool_call_id": "c",
                               "content": stage.session_search("zebra")})
+    prompted = recorded_session(stage, store)
+    prompted.messages.append({"role": "system", "content": "Never feed the zebra."})
+    prompted.messages.append({"role": "user", "content": "hi"})
+    prompted.messages.append({"role": "assistant", "content": "hello"})
     recorded_session(stage, store)
     found = json.loads(stage.session_search("zebra"))["results"]
-    assert len(found) == 1
+    assert [(r["session_id"], r["role"]) for r in found] == [(said, "user")]
+
+
+@pytest.mark.parametrize("use_fts", [True, False])
+def test_search_words_are_words_not_patterns(stage, db_path, use_fts):
+    """In LIKE, _ and % are wildcards: the query s_c must not find "sec"."""
+    store = stage.SessionStore(db_path, use_fts=use_fts)
+    fill(stage, store, "the sec team")
+    literal = fill(stage, store, "a s_c file")
+    recorded_session(stage, store)
+    found = json.loads(stage.session_search("s_c"))["results"]
+    assert [r["session_id"] for r in found] == [literal]
+
+
+CJK_TEXT = "我们决定使用数据库迁移工具"      # "we decided to use a database migration tool"
+RUSSIAN_TEXT = "Инструмент миграции базы данных выбран"   # "the migration tool is chosen"
+WORDS_IN_SENTENCES = [  # (query, found in CJK_TEXT or RUSSIAN_TEXT?)
+    ("数据库", True), ("数据", True), ("迁移 数据库", True), ("数据库迁移工具", True),
+    ("数据库 Fridays", False), ("数据表", False),
+    ("инструмент", True), ("МИГРАЦИИ", True), ("Базы данных", True), ("миграция", False)]
+
+
+@pytest.mark.parametrize("use_fts", [True, False])
+def test_search_finds_chinese_and_russian_words_inside_a_sentence(stage, db_path, use_fts):
+    store = stage.SessionStore(db_path, use_fts=use_fts)
+    chinese, russian = fill(stage, store, CJK_TEXT), fill(stage, store, RUSSIAN_TEXT)
+    fill(stage, store, "the deploy key rotates on Fridays")
+    recorded_session(stage, store)
+    for query, found in WORDS_IN_SENTENCES:
+        results = json.loads(stage.session_search(query))["results"]
+        expected = [chinese if "\u4e00" <= query[0] <= "\u9fff" else russian] if found else []
+        assert [r["session_id"] for r in results] == expected, query
+        if found:
+            snippet = results[0]["snippet"].replace("[", "").replace("]", "")   # FTS marks
+            assert snippet in (CJK_TEXT, RUSSIAN_TEXT), query
+
+
+# The schema as the first release of s03 created it: such databases must keep working.
+FIRST_SCHEMA = """
+CREATE TABLE sessions (id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL,
+    title TEXT, model TEXT, source TEXT);
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id), seq INTEGER NOT NULL,
+    role TEXT NOT NULL, content TEXT, tool_calls TEXT, tool_call_id TEXT,
+    searchable INTEGER NOT NULL DEFAULT 1, created_at REAL NOT NULL, UNIQUE (session_id, seq));
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, message_id UNINDEXED);
+INSERT INTO sessions VALUES ('old', 1.0, 2.0, 'old title', 'm', 's03');
+INSERT INTO messages VALUES (1, 'old', 0, 'user', '我们决定使用数据库迁移工具', NULL, NULL, 1, 1.0);
+INSERT INTO messages_fts (content, message_id) VALUES ('我们决定使用数据库迁移工具', 1);
+INSERT INTO messages VALUES (2, 'old', 1, 'assistant', 'deploy key rotates', NULL, NULL, 1, 1.0);
+INSERT INTO messages_fts (content, message_id) VALUES ('deploy key rotates', 2);
+"""
+
+
+def test_a_database_from_the_first_release_still_works(stage, db_path):
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as db:
+        db.executescript(FIRST_SCHEMA)
+    store = stage.SessionStore(db_path)
+    recorded_session(stage, store)
+    for query in ("数据库", "deploy"):
+        assert [r["session_id"] for r in json.loads(stage.session_search(query))["results"]] \
+            == ["old"], query
+    assert store.load_messages("old")[0]["content"] == CJK_TEXT
 
 
 NASTY_QUERIES = ['"unbalanced', "AND", "OR NOT", "*", "zebra*", "(zebra", "zebra)", "NEAR(a b)",
@@ -274,8 +417,8 @@ def broken_home(tmp_path, kind):
 def test_broken_database_warns_once_and_the_agent_works(stage_name, tmp_path, kind):
     home = broken_home(tmp_path, kind)
     before = (home / "state.db").read_bytes() if kind == "corrupt" else None
-    result = run_stage(stage_name, stdin="$ echo still-here\n/sessions\n",
-                       env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
+    result = run_main(stage_name, stdin="$ echo still-here\n/sessions\n",
+                      env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
     assert result.returncode == 0
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "session store unavailable" in warnings[0]
@@ -286,25 +429,31 @@ def test_broken_database_warns_once_and_the_agent_works(stage_name, tmp_path, ki
 
 @pytest.mark.parametrize("stage_name", STAGES)
 def test_a_database_locked_by_another_process_warns_once(stage_name, tmp_path):
+    """The lock is held by a second connection: SQLite treats it like another process."""
     home = tmp_path / "home"
-    load_stage(stage_name).SessionStore(home / "state.db")
+    stage = fresh_stage(stage_name)
+    stage.SQLITE_TIMEOUT = 0.05             # how long it waits for the lock is not the point
+    stage.SessionStore(home / "state.db").close()
     locker = sqlite3.connect(home / "state.db")
     locker.execute("BEGIN EXCLUSIVE")
     try:
-        result = run_stage(stage_name, stdin="$ echo locked-out\n$ echo again\n",
-                           env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
+        result = run_main(stage, stdin="$ echo locked-out\n$ echo again\n",
+                          env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
     finally:
         locker.rollback()
+        locker.close()
     assert result.returncode == 0
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "database is locked" in warnings[0]
     assert result.stdout.count("locked-out") >= 1 and "again" in result.stdout
 
 
-def test_a_lock_taken_mid_session_warns_once_and_keeps_going(stage, db_path, capsys):
+def test_a_lock_taken_mid_session_warns_once_and_keeps_going(stage, db_path, capsys, monkeypatch):
+    monkeypatch.setattr(stage, "SQLITE_TIMEOUT", 0.05)
     store = stage.SessionStore(db_path)
     session = recorded_session(stage, store)
     session.messages.append({"role": "user", "content": "saved"})
+    session.messages.append({"role": "assistant", "content": "saved too"})
     stored_before = [m["content"] for m in session.messages]
     locker = sqlite3.connect(db_path)
     locker.execute("BEGIN EXCLUSIVE")
@@ -319,3 +468,78 @@ def test_a_lock_taken_mid_session_warns_once_and_keeps_going(stage, db_path, cap
                                      {"role": "user", "content": "not saved either"}]
     assert [m["content"] for m in stage.SessionStore(db_path).load_messages(
         session.session_id)] == stored_before
+
+
+def test_a_ctrl_c_right_after_a_commit_cannot_save_a_message_twice(stage, db_path, capsys):
+    """If Ctrl-C landed between a commit and the count of saved messages, the next
+    save would repeat a message: "UNIQUE constraint failed", and saving stops."""
+    store = stage.SessionStore(db_path)
+    session = recorded_session(stage, store)
+    commit = store.add_message
+
+    def commit_then_ctrl_c(*args):
+        commit(*args)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, stage.CtrlC.on_sigint)
+    try:
+        stage.CtrlC.armed = True
+        session.messages.append({"role": "user", "content": "one"})
+        store.add_message = commit_then_ctrl_c
+        try:
+            session.messages.append({"role": "assistant", "content": "two"})
+        except KeyboardInterrupt:
+            pass
+        store.add_message = commit
+        session.messages.append({"role": "user", "content": "three"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stage.CtrlC.armed = True
+    assert "warning" not in capsys.readouterr().err
+    assert stage.SessionStore(db_path).load_messages(session.session_id) == session.messages
+
+
+# ── Ctrl-C, held down: a real process, because only a real process gets signals ──
+
+def wait_for_pid_file(path, proc, deadline=60.0) -> int:
+    """The pid the running command wrote, or a clear failure if it never came."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        text = path.read_text().strip() if path.exists() else ""
+        if text.isdigit():
+            return int(text)
+        if proc.poll() is not None:
+            pytest.fail(f"the agent exited ({proc.returncode}) before the command started:\n"
+                        f"{proc.communicate()[1]}")
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail(f"the command never wrote {path} within {deadline:.0f} s:\n{proc.communicate()}")
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_six_quick_ctrl_cs_cancel_once_and_the_session_stays_valid(stage_name, tmp_path):
+    home = tmp_path / "home"
+    proc = subprocess.Popen([sys.executable, str(AGENTS / f"{stage_name}.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, encoding="utf-8", errors="replace",
+                            env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
+    try:
+        proc.stdin.write("$ echo $$ > sleeper.pid && exec sleep 30\n")
+        proc.stdin.flush()
+        wait_for_pid_file(tmp_path / "sleeper.pid", proc)
+        for _ in range(6):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.002)
+        out, err = proc.communicate("$ echo alive\n", timeout=60)
+    finally:
+        proc.kill()
+    assert "Traceback" not in err and "UNIQUE constraint" not in out + err, err
+    assert proc.returncode == 0, err
+    assert "turn cancelled" in out and "alive" in out.split("turn cancelled", 1)[1]
+    [(session_id,)] = rows(home / "state.db", "SELECT id FROM sessions")
+    seqs = [seq for (seq,) in rows(home / "state.db", "SELECT seq FROM messages ORDER BY seq")]
+    assert seqs == list(range(len(seqs)))   # nothing lost, nothing saved twice
+    messages = load_stage(stage_name).SessionStore(home / "state.db").load_messages(session_id)
+    assert pairing_problems(messages) == []
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    assert "interrupted" in results[0] and "alive" in results[-1] and len(results) == 2

@@ -1,22 +1,74 @@
-"""Every stage present: imports with an empty environment, --help and --demo work offline."""
+"""Every stage present: imports with an empty environment, and its --help and --demo
+work offline and show what this stage is about (not just exit 0).
 
+In-process (`run_main`) except for what only a real process shows: the import check
+(one process for all stages) and one real `--demo` exit code.
+"""
+
+import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers import AGENTS, all_stages, clean_env, run_stage
+from helpers import AGENTS, all_stages, clean_env, load_stage, run_main, run_stage
 
 STAGES = all_stages()
 
+# The command-line flags each stage adds (curriculum §4.5). A stage's --help lists its
+# own and every earlier stage's. A new stage adds its row, even an empty one.
+STAGE_FLAGS = {
+    "s01_loop": ["--prompt", "--demo", "--offline", "--model", "--base-url",
+                 "--max-iterations"],
+    "s02_tool_registry": ["--toolsets", "--disable-toolsets"],
+    "s03_session_store": ["--resume", "--continue"],
+    "s04_prompt_builder": [],
+}
+
+# What each stage's --demo promises to show (read its run_demo): evidence that the
+# stage's own feature ran, not only that the demo exited 0.
+DEMO_PROMISES = {
+    "s01_loop": [
+        "  → terminal {\"command\": \"echo hello from the terminal tool\"}",
+        "    hello from the terminal tool",
+        "[stopped: this turn reached its limit of 1 model call(s)",
+        "The conversation now holds 13 messages: user assistant tool assistant user assistant "
+        "tool assistant user assistant user assistant tool",
+    ],
+    "s02_tool_registry": [
+        "With --disable-toolsets file: terminal",
+        "[landed]",
+        "    Goodbye from the tool registry",
+        "Tool 'no_such_tool' does not exist",
+        "[stopped: 3 turns in a row contained only invalid tool calls",
+    ],
+    "s03_session_store": [
+        "→ session_search {\"query\": \"pineapple\"}",
+        "[resumed session ",
+        "same list as before: True",
+        "    step one: buy pineapples",
+        "Without FTS5, a search falls back to LIKE",
+        "warning: session store unavailable",
+    ],
+    "s04_prompt_builder": [
+        "## Project instructions from AGENTS.md\n# Project notes",
+        "Nothing was blocked.",
+        "[BLOCKED: AGENTS.md contained potential prompt injection",
+        "same prompt as before: True",
+    ],
+}
+
 IMPORT_CHECK = """
 import importlib.util, os, sys, threading
-spec = importlib.util.spec_from_file_location("stage", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-assert threading.active_count() == 1, "a thread was started at import"
-assert os.listdir(".") == [], "a file was created at import: %s" % os.listdir(".")
-print("imported", module.STAGE)
+for path in sys.argv[1:]:
+    name = os.path.basename(path)[:-3]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert threading.active_count() == 1, f"{name}: a thread was started at import"
+    for folder in (".", os.environ["HOME"]):
+        assert os.listdir(folder) == [], f"{name}: import created {os.listdir(folder)} in {folder}"
+    print("imported", module.STAGE)
 """
 
 
@@ -24,37 +76,72 @@ def test_there_is_at_least_one_stage():
     assert STAGES and STAGES[0] == "s01_loop"
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_imports_with_an_empty_environment(stage, tmp_path):
-    """No client, no files, no env reads that can fail: import must just work."""
-    empty_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", IMPORT_CHECK, str(AGENTS / f"{stage}.py")],
-                            capture_output=True, text=True, env=empty_env, cwd=tmp_path,
-                            timeout=60)
+def test_every_stage_has_its_flags_and_demo_promises_listed():
+    assert list(STAGE_FLAGS) == STAGES
+    assert list(DEMO_PROMISES) == STAGES
+
+
+def test_every_stage_imports_with_an_empty_environment(tmp_path):
+    """No client, no thread, no file, no env read that can fail: import must just work.
+    One process imports every stage in turn (a process costs a second; an import, ms)."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    result = subprocess.run([sys.executable, "-c", IMPORT_CHECK,
+                             *(str(AGENTS / f"{stage}.py") for stage in STAGES)],
+                            capture_output=True, text=True, env={"HOME": str(home)}, cwd=work,
+                            timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"imported {stage[:3]}"
+    assert result.stdout.split("\n")[:-1] == [f"imported {stage[:3]}" for stage in STAGES]
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_help_exits_zero(stage):
-    result = run_stage(stage, "--help")
+def test_help_names_the_stage_and_lists_its_flags(stage):
+    result = run_main(stage, "--help")
     assert result.returncode == 0, result.stderr
-    for flag in ("--prompt", "--demo", "--offline", "--model", "--base-url", "--max-iterations"):
-        assert flag in result.stdout
+    assert result.stdout.startswith(f"usage: {stage[:3]} ")
+    text = " ".join(result.stdout.split())              # argparse wraps long lines
+    assert f"{stage[:3]}: {load_stage(stage).STAGE_TITLE}." in text
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))
+    expected = {flag for s in STAGES if s <= stage for flag in STAGE_FLAGS[s]}
+    assert listed == expected | {"--help"}
+
+
+def demo(stage, tmp_path, **env):
+    """Run `--demo` in this process, in an empty folder with its own home."""
+    return run_main(stage, "--demo", cwd=tmp_path,
+                    env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h"),
+                                  **env))
+
+
+def assert_demo_kept_its_promises(stage, result):
+    assert result.returncode == 0, result.stderr
+    shown = result.stdout + result.stderr
+    assert "Traceback" not in shown
+    assert f"{stage[:3]} demo: {load_stage(stage).STAGE_TITLE}." in result.stdout
+    missing = [line for line in DEMO_PROMISES[stage] if line not in shown]
+    assert missing == [], f"--demo of {stage} no longer shows these:\n{shown}"
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_demo_exits_zero_offline_and_shows_a_tool_call(stage, tmp_path):
-    result = run_stage(stage, "--demo", cwd=tmp_path,
-                       env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h")))
-    assert result.returncode == 0, result.stderr
-    assert "→ terminal" in result.stdout and "← exit 0" in result.stdout
-    assert "Traceback" not in result.stdout + result.stderr
+def test_demo_runs_offline_and_shows_this_stages_feature(stage, tmp_path):
+    result = demo(stage, tmp_path)
+    assert_demo_kept_its_promises(stage, result)
+    offline = [line for line in result.stderr.splitlines() if "offline model at" in line]
+    assert len(offline) == 1, result.stderr
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_demo_ignores_a_configured_endpoint(stage, tmp_path):
     """--demo is scripted: it always uses the offline model, even with a key set."""
-    env = clean_env(OPENAI_API_KEY="sk-not-used", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
-    result = run_stage(stage, "--demo", cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr
+    result = demo(stage, tmp_path, OPENAI_API_KEY="sk-not-used",
+                  OPENAI_BASE_URL="http://127.0.0.1:9/v1")
+    assert_demo_kept_its_promises(stage, result)
+    assert "127.0.0.1:9/" not in result.stdout + result.stderr
+
+
+def test_the_newest_demo_exits_zero_as_a_real_process(tmp_path):
+    stage = STAGES[-1]
+    result = run_stage(stage, "--demo", cwd=tmp_path,
+                       env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h")))
+    assert_demo_kept_its_promises(stage, result)

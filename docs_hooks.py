@@ -1,0 +1,121 @@
+"""Build-time helpers for the docs site, loaded by `hooks:` in mkdocs.yml.
+
+1. Stage diff pages. Before every build, docs/<lang>/diff/sNN.md is written for each stage
+   from s02: the unified diff from the previous stage file, with a translated title and one
+   translated sentence. The pages are generated from the real files, never edited by hand,
+   and git-ignored. They are written into docs/ rather than added as virtual files because
+   mkdocs-static-i18n localises only files inside docs_dir. A page is rewritten only when
+   its text changed, or `mkdocs serve` would see a change and rebuild in a loop.
+2. Relative language links on the home pages. mkdocs-static-i18n gives the home pages'
+   language switcher absolute links ("/zh/"), which break when the site is served from a
+   sub-path or opened from disk. Every page gets the relative link of its translation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
+
+STAGE_FILE = re.compile(r"^s(\d\d)_[a-z0-9_]+\.py$")
+
+# Per language: the page title and the one sentence above the diff.
+DIFF_PAGE_TEXT = {
+    "en": ("{stage} · Diff from {previous}",
+           "Everything `{new_file}` changes in `{old_file}`, generated from the real files "
+           "when this site was built; [the chapter]({chapter}) explains why."),
+    "zh": ("{stage} · 与 {previous} 的差异",
+           "`{new_file}` 相对于 `{old_file}` 的全部改动，在构建本网站时由真实文件生成；"
+           "[本章]({chapter})讲解为什么这样改。"),
+    "ru": ("{stage} · Отличия от {previous}",
+           "Всё, что `{new_file}` меняет в `{old_file}`, сгенерировано из настоящих файлов "
+           "при сборке сайта; [глава]({chapter}) объясняет, зачем."),
+}
+
+
+def stage_files(agents_dir: Path) -> list[Path]:
+    """agents/sNN_<name>.py, in stage order."""
+    return sorted(p for p in agents_dir.glob("s*.py") if STAGE_FILE.match(p.name))
+
+
+def stage_diff(old: Path, new: Path) -> str:
+    """The unified diff of two stage files, as `diff -u` would show it."""
+    return "".join(difflib.unified_diff(
+        old.read_text(encoding="utf-8").splitlines(keepends=True),
+        new.read_text(encoding="utf-8").splitlines(keepends=True),
+        f"agents/{old.name}", f"agents/{new.name}"))
+
+
+def code_fence(text: str) -> str:
+    """A backtick fence longer than any backtick run inside the text."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def diff_page(lang: str, old: Path, new: Path) -> str:
+    title, sentence = DIFF_PAGE_TEXT[lang]
+    stage, previous = new.name[:3], old.name[:3]
+    chapter = "../" + new.stem.replace("_", "-") + ".md"
+    title = title.format(stage=stage, previous=previous)
+    sentence = sentence.format(new_file=f"agents/{new.name}", old_file=f"agents/{old.name}",
+                               chapter=chapter)
+    diff = stage_diff(old, new)
+    fence = code_fence(diff)
+    # Front matter: keep the diffs out of search, or every query would hit lines of code.
+    return (f"---\nsearch:\n  exclude: true\n---\n\n# {title}\n\n{sentence}\n\n"
+            f"{fence}diff\n{diff}{fence}\n")
+
+
+def language_folders(docs_dir: Path) -> list[str]:
+    return sorted(p.name for p in docs_dir.iterdir() if (p / "index.md").is_file())
+
+
+def write_diff_pages(docs_dir: Path, agents_dir: Path) -> list[Path]:
+    """Write docs/<lang>/diff/sNN.md for every stage from s02; return the pages that changed.
+    Pages of stages that no longer exist are removed."""
+    missing = [lang for lang in language_folders(docs_dir) if lang not in DIFF_PAGE_TEXT]
+    if missing:
+        raise PluginError(f"docs_hooks.py: no diff page text for the language(s) {missing}")
+    stages = stage_files(agents_dir)
+    changed = []
+    for lang in language_folders(docs_dir):
+        folder = docs_dir / lang / "diff"
+        folder.mkdir(exist_ok=True)
+        wanted = set()
+        for old, new in zip(stages, stages[1:]):
+            page = folder / f"{new.name[:3]}.md"
+            wanted.add(page)
+            text = diff_page(lang, old, new)
+            if not page.is_file() or page.read_text(encoding="utf-8") != text:
+                page.write_text(text, encoding="utf-8")
+                changed.append(page)
+        for stale in set(folder.glob("s[0-9][0-9].md")) - wanted:
+            stale.unlink()
+    return changed
+
+
+def on_pre_build(config) -> None:
+    root = Path(config["config_file_path"]).parent
+    write_diff_pages(Path(config["docs_dir"]), root / "agents")
+
+
+def relative_language_links(page, alternates: list[dict]) -> None:
+    """Point each language's entry at this page's translation, by its site-relative URL
+    (mkdocs' `url` filter then makes it relative to the page)."""
+    translations = getattr(page.file, "alternates", None) or {}
+    for entry in alternates:
+        translation = translations.get(entry.get("lang"))
+        if translation is not None:
+            entry["link"] = translation.url
+
+
+@event_priority(-50)                        # after mkdocs-static-i18n has set the links
+def on_page_context(context, page, config, nav):
+    # The theme reads `config.extra.alternate` as an attribute first, as Jinja does.
+    alternates = getattr(config.extra, "alternate", None) or config.extra.get("alternate")
+    if alternates:
+        relative_language_links(page, alternates)
+    return context

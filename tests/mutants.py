@@ -1,0 +1,264 @@
+"""Mutation check: are a stage's own tests strong enough to notice small bugs?
+
+    python tests/mutants.py                      # newest stage, 40 sampled mutants
+    python tests/mutants.py s03_session_store --all
+    python tests/mutants.py --names cap_context,load_identity --all
+
+The script reads which top-level names a stage ADDED from the LINEAGE table in
+tests/test_lineage.py, and makes small semantic mutants of their code with `ast`:
+
+    comparison flips    <  <=   >  >=   ==  !=   is / is not   in / not in
+    integer constants   n -> n+1 and n -> n-1
+    dropped calls       a statement that is only a call is replaced by `pass`
+    and/or swaps        a and b -> a or b, and the other way round
+    removed not         not x -> x
+
+Each mutant is written into a temporary copy of agents/, and the stage's own test
+file runs against it (tests/helpers.py honours LEARN_HERMES_AGENTS_DIR). A mutant
+is killed when a test fails (or the run exceeds the time limit); a survivor is a
+bug the tests would let through, so each one is printed. The curriculum's target
+(§5) is at least 90 % killed. Not collected by pytest: the name has no test_ prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+from helpers import AGENTS, all_stages  # noqa: E402
+from test_lineage import LINEAGE  # noqa: E402
+
+FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
+         ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+         ast.In: ast.NotIn, ast.NotIn: ast.In}
+SYMBOLS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
+           ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not", ast.In: "in",
+           ast.NotIn: "not in"}
+
+
+@dataclass
+class Mutant:
+    name: str            # the top-level name whose code is changed
+    line: int
+    what: str            # e.g. "`<=` -> `<`"
+    start: int           # byte offsets in the source that the replacement covers
+    end: int
+    replacement: str
+
+    def apply(self, source: bytes) -> bytes:
+        return source[:self.start] + self.replacement.encode("utf-8") + source[self.end:]
+
+
+# ── finding mutants ─────────────────────────────────────────────────────────
+
+def byte_offsets(source: bytes) -> list[int]:
+    """Byte offset of the start of each line (ast columns are UTF-8 byte offsets)."""
+    starts, total = [0], 0
+    for line in source.splitlines(keepends=True):
+        total += len(line)
+        starts.append(total)
+    return starts
+
+
+def span(node: ast.AST, starts: list[int]) -> tuple[int, int]:
+    return (starts[node.lineno - 1] + node.col_offset,
+            starts[node.end_lineno - 1] + node.end_col_offset)
+
+
+def short(node: ast.AST, limit: int = 50) -> str:
+    text = " ".join(ast.unparse(node).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def replaced(node: ast.AST, **changes) -> str:
+    """Source text for a copy of `node` with some fields changed, in parentheses so
+    that it keeps its meaning wherever it stood."""
+    copy = type(node)(**{**{f: getattr(node, f) for f in node._fields}, **changes})
+    return f"({ast.unparse(copy)})"
+
+
+def mutations(node: ast.AST) -> list[tuple[str, str | None]]:
+    """(description, replacement text) for each mutation of this one node."""
+    found = []
+    if isinstance(node, ast.Compare):
+        for index, op in enumerate(node.ops):
+            if type(op) in FLIPS:
+                ops = list(node.ops)
+                ops[index] = FLIPS[type(op)]()
+                found.append((f"`{SYMBOLS[type(op)]}` -> `{SYMBOLS[type(ops[index])]}` "
+                              f"in `{short(node)}`", replaced(node, ops=ops)))
+    elif (isinstance(node, ast.Constant) and type(node.value) is int):   # not bool
+        for delta in (1, -1):
+            found.append((f"`{node.value}` -> `{node.value + delta}`", f"({node.value + delta})"))
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        found.append((f"dropped call `{short(node.value)}`", "pass"))
+    elif isinstance(node, ast.BoolOp):
+        other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        found.append((f"`{'and' if isinstance(node.op, ast.And) else 'or'}` -> "
+                      f"`{'or' if isinstance(other, ast.Or) else 'and'}` in `{short(node)}`",
+                      replaced(node, op=other)))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        found.append((f"removed `not` in `{short(node)}`", f"({ast.unparse(node.operand)})"))
+    return found
+
+
+def nodes_outside_fstrings(tree: ast.AST):
+    """Every node below `tree`, except inside f-strings (whose inner positions are
+    not reliable on every Python version)."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.JoinedStr):
+            continue
+        yield child
+        yield from nodes_outside_fstrings(child)
+
+
+def top_level_name(node: ast.stmt) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return ast.unparse(targets[0])
+    return None
+
+
+def find_mutants(source: bytes, names: set[str]) -> list[Mutant]:
+    tree = ast.parse(source)
+    starts = byte_offsets(source)
+    original = ast.dump(tree)
+    found = []
+    for statement in tree.body:
+        name = top_level_name(statement)
+        if name not in names:
+            continue
+        for node in nodes_outside_fstrings(statement):
+            for what, replacement in mutations(node):
+                start, end = span(node, starts)
+                mutant = Mutant(name, node.lineno, what, start, end, replacement)
+                if is_real_change(mutant, source, original):
+                    found.append(mutant)
+    return found
+
+
+def is_real_change(mutant: Mutant, source: bytes, original: str) -> bool:
+    """A mutant must parse and must differ from the original program."""
+    try:
+        return ast.dump(ast.parse(mutant.apply(source))) != original
+    except SyntaxError:
+        return False
+
+
+# ── running the tests against a mutant ──────────────────────────────────────
+
+def tests_of(stage: str) -> Path:
+    matches = sorted(TESTS.glob(f"test_{stage[:3]}_*.py"))
+    if len(matches) != 1:
+        sys.exit(f"mutants: expected one tests/test_{stage[:3]}_*.py, found {len(matches)}")
+    return matches[0]
+
+
+def run_tests(stage: str, source: bytes, timeout: float, options: list[str]) -> tuple[int, str]:
+    """Run the stage's test file against `source` in a copy of agents/: pytest's exit
+    code (-1 when it ran longer than `timeout`) and its output."""
+    with tempfile.TemporaryDirectory(prefix="mutant-") as folder:
+        agents = Path(folder) / "agents"
+        shutil.copytree(AGENTS, agents, ignore=shutil.ignore_patterns("__pycache__"))
+        (agents / f"{stage}.py").write_bytes(source)
+        env = {**os.environ, "LEARN_HERMES_AGENTS_DIR": str(agents), "PYTHONDONTWRITEBYTECODE": "1"}
+        # Without the notebook plugin (pyproject's addopts asks for it): importing it
+        # costs seconds per run, and no notebook is run here.
+        command = [sys.executable, "-m", "pytest", str(tests_of(stage)), "-k", stage[:3], "-q",
+                   "-p", "no:cacheprovider", "-n", "0", "-o", "addopts=", "-p", "no:nbmake",
+                   *options]
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            return proc.returncode, output
+        except subprocess.TimeoutExpired:       # e.g. a flipped loop condition
+            os.killpg(proc.pid, signal.SIGKILL)
+            return -1, proc.communicate()[0]
+
+
+def failing_tests(stage: str, source: bytes) -> tuple[list[str], float]:
+    """The tests that fail with no mutant at all (work in progress elsewhere), and
+    how long the whole file takes. Exits if the file cannot run at all."""
+    started = time.monotonic()
+    code, output = run_tests(stage, source, 600, ["-rfE"])
+    failing = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in output.splitlines()
+               if line.startswith(("FAILED ", "ERROR "))]
+    if code not in (0, 1) or (code == 1 and not failing):
+        sys.exit(f"mutants: {tests_of(stage).name} does not run (exit code {code}):\n{output}")
+    return failing, time.monotonic() - started
+
+
+def killed(stage: str, mutant: Mutant, source: bytes, timeout: float, skip: list[str]) -> bool:
+    options = ["-x", *(f"--deselect={test}" for test in skip)]
+    code, _ = run_tests(stage, mutant.apply(source), timeout, options)
+    return code != 0
+
+
+def main(argv=None) -> int:
+    stages = all_stages()
+    parser = argparse.ArgumentParser(description="Mutation check of a stage's own tests.")
+    parser.add_argument("stage", nargs="?", default=stages[-1], choices=stages,
+                        help="stage file name without .py (default: the newest)")
+    parser.add_argument("-n", "--sample", type=int, default=40, help="mutants to run (default 40)")
+    parser.add_argument("--all", action="store_true", help="run every mutant, not a sample")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the sample (default 1)")
+    parser.add_argument("--jobs", type=int, default=2, help="test runs in parallel (default 2)")
+    parser.add_argument("--names", help="only these comma-separated names (default: all the "
+                                         "names the stage added)")
+    args = parser.parse_args(argv)
+
+    added = {n for n in LINEAGE[args.stage].get("added", ()) if not n.startswith("<")}
+    if LINEAGE[args.stage].get("base"):
+        sys.exit("mutants: the base stage adds everything; choose a later stage")
+    names = added if not args.names else set(args.names.split(","))
+    if names - added:
+        sys.exit(f"mutants: not added by {args.stage}: {', '.join(sorted(names - added))}")
+    source = (AGENTS / f"{args.stage}.py").read_bytes()
+    every = find_mutants(source, names)
+    chosen = every if args.all else random.Random(args.seed).sample(
+        every, min(args.sample, len(every)))
+    chosen.sort(key=lambda m: (m.line, m.start, m.what))
+    print(f"{args.stage}: {len(every)} mutants in {len(names)} added names; running "
+          f"{len(chosen)}, {args.jobs} at a time", flush=True)
+
+    failing, baseline = failing_tests(args.stage, source)
+    for test in failing:
+        print(f"LEFT OUT  {test}  (fails without a mutant)")
+    timeout = max(60.0, 10 * baseline)
+    print(f"unmutated run: {baseline:.1f} s; a mutant run is stopped after {timeout:.0f} s",
+          flush=True)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        outcomes = list(pool.map(lambda m: killed(args.stage, m, source, timeout, failing),
+                                 chosen))
+    survivors = [m for m, was_killed in zip(chosen, outcomes) if not was_killed]
+    for mutant in survivors:
+        print(f"SURVIVED  {mutant.name}  line {mutant.line}: {mutant.what}")
+    count = len(chosen) - len(survivors)
+    rate = 100 * count / len(chosen) if chosen else 100.0
+    print(f"killed {count} of {len(chosen)} ({rate:.0f} %) in {time.monotonic() - started:.0f} s")
+    return 0 if rate >= 90 and not failing else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
