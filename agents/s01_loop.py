@@ -14,6 +14,14 @@ What this stage adds
 
     A limit on model calls (--max-iterations, default 30) ends a turn that never stops.
 
+Reading guide
+    Start at the banner "[s01] The agent loop": run_conversation() is the whole idea,
+    then run_tool_calls() and execute_tool_call(). Next "[s01] The terminal tool"
+    (run_terminal). The "details" sections after them are the hardening (odd server
+    answers, process groups, bounded output): read them once the core is clear.
+    Everything from "[s01] Command line and REPL" down is plumbing: the command
+    line, the REPL and the offline model.
+
 Changes from the previous stage
     none: this is the first stage, everything here is introduced in s01
 
@@ -56,9 +64,79 @@ MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
-
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    """
+    on_event = on_event or (lambda kind, data: None)
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, tools=TOOL_SCHEMAS)
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        run_tool_calls(message.tool_calls, messages, on_event)
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
+    """Run the calls in order; each one gets exactly one tool message.
+
+    If Ctrl-C arrives, the interrupted call and every call after it still get a
+    result ("interrupted"), so the conversation stays valid; then we re-raise.
+    """
+    try:
+        for call_id, name, arguments in map(call_parts, tool_calls):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result = safe_text(execute_tool_call(name, arguments))
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+
+
+def execute_tool_call(name: str, arguments: str) -> str:
+    """Run one tool call and always return a string result, even on failure."""
+    handler = TOOL_HANDLERS.get(name)
+    if handler is None:
+        return json.dumps({"error": f"unknown tool '{name}'"})
+    try:
+        args = json.loads(arguments or "{}")
+    except (ValueError, RecursionError) as exc:     # bad, huge or absurdly nested JSON
+        return json.dumps({"error": f"arguments are not valid JSON: {first_line(exc)}"})
+    if not isinstance(args, dict):
+        return json.dumps({"error": "arguments must be a JSON object"})
+    try:
+        return handler(**args)
+    except Exception as exc:                    # a broken tool must not break the loop
+        return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
+
+
+def assistant_message_to_dict(message) -> dict:
+    """Turn the SDK's message object into the plain dict we send back next time."""
+    entry = {"role": "assistant", "content": safe_text(message.content or "")}
+    if message.tool_calls:
+        entry["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in map(call_parts, message.tool_calls)
+        ]
+    return entry
+
+
+def tool_message(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 # ── [s01] The terminal tool ─────────────────────────────────────────────────
 
@@ -81,6 +159,155 @@ TERMINAL_SCHEMA = {
         },
     },
 }
+
+
+def run_terminal(command: str, timeout: int | None = None) -> str:
+    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
+    if not isinstance(command, str) or not command.strip():
+        return json.dumps({"error": "command must be a non-empty string"})
+    if timeout is None:
+        timeout = TERMINAL_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, int) \
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
+        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:                      # the folder was deleted while we ran
+        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
+                                    f"unreadable ({exc.strerror}). Start the agent again "
+                                    f"in an existing folder."})
+    output, stop = BoundedOutput(), threading.Event()
+    command_start = CommandStart(command, cwd)
+    try:
+        proc = command_start.started()
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
+        finished = wait_for_command(proc, reader, timeout)
+    except BaseException:                       # Ctrl-C: never leave the command running
+        command_start.kill()
+        raise
+    if finished:
+        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
+                          ensure_ascii=False)
+    kill_process_group(proc)
+    proc.wait()
+    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
+    note = f"\n[command timed out after {timeout}s; its process group was killed]"
+    if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
+        note += "\n[a process outside the group still holds the output; shown so far]"
+    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
+                      ensure_ascii=False)
+
+
+TOOL_SCHEMAS = [TERMINAL_SCHEMA]
+TOOL_HANDLERS = {"terminal": run_terminal}
+
+# ── [s01] Talking to an endpoint ────────────────────────────────────────────
+
+
+def make_client(base_url: str | None, api_key: str | None):
+    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
+    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
+                         max_retries=0, timeout=API_TIMEOUT)
+
+
+def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
+    """One clear line for each way an endpoint can fail; never a traceback."""
+    reason = not_an_api_reason(exc)
+    if reason:                              # checked first: a 501 is no server error to retry
+        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APITimeoutError):
+        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APIConnectionError):
+        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
+    if isinstance(exc, openai.AuthenticationError):
+        if not os.environ.get("OPENAI_API_KEY"):
+            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
+        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+    if isinstance(exc, openai.RateLimitError):
+        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
+    if isinstance(exc, openai.NotFoundError):
+        return (f"Model '{model}' or its API was not found at {base_url} (404). "
+                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
+        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if isinstance(exc, openai.APIStatusError):
+        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
+
+
+def not_an_api_reason(exc: Exception) -> str | None:
+    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
+    if isinstance(exc, NotAnAPIError):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
+        return "its answer is not valid JSON"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
+        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
+    return None
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    line = (str(text).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit] + "…"
+
+# ── [s01] Loop details ──────────────────────────────────────────────────────
+
+
+class NotAnAPIError(openai.OpenAIError):
+    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
+        raise NotAnAPIError("it answered with text or a web page, not JSON")
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
+
+
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
+    or undecodable input) become "?" instead of crashing the next step."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
+    call without `function`, a name that is not text) get a name no tool has."""
+    function = getattr(call, "function", None)
+    name = getattr(function, "name", None)
+    arguments = getattr(function, "arguments", None)
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
+
+
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+# ── [s01] Terminal details ──────────────────────────────────────────────────
 
 
 class BoundedOutput:
@@ -109,40 +336,6 @@ class BoundedOutput:
         if cut <= 0:
             return self.head + self.tail
         return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
-
-
-def kill_process_group(proc: subprocess.Popen) -> None:
-    """Kill the command and everything it started (its whole process group)."""
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:                                   # Windows: no process groups here
-            proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass                                    # already gone
-
-
-def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe
-    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with stream:                                # closing it stops a leftover writer (SIGPIPE)
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            if stop.is_set():
-                return
-            output.add(decoder.decode(chunk))
-        output.add(decoder.decode(b"", final=True))
-
-
-def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
-    """True if the command exited and closed its output within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    reader.join(timeout)                        # a background child may keep the pipe open
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        return False
-    return not reader.is_alive()
 
 
 class CommandStart:
@@ -190,220 +383,38 @@ class CommandStart:
                 self.proc.wait()
 
 
-def run_terminal(command: str, timeout: int | None = None) -> str:
-    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
-    if not isinstance(command, str) or not command.strip():
-        return json.dumps({"error": "command must be a non-empty string"})
-    if timeout is None:
-        timeout = TERMINAL_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, int) \
-            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
-        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
+def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
+    """True if the command exited and closed its output within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    reader.join(timeout)                        # a background child may keep the pipe open
     try:
-        cwd = os.getcwd()
-    except OSError as exc:                      # the folder was deleted while we ran
-        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
-                                    f"unreadable ({exc.strerror}). Start the agent again "
-                                    f"in an existing folder."})
-    output, stop = BoundedOutput(), threading.Event()
-    command_start = CommandStart(command, cwd)
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        return False
+    return not reader.is_alive()
+
+
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Kill the command and everything it started (its whole process group)."""
     try:
-        proc = command_start.started()
-        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
-                                  daemon=True)
-        reader.start()
-        finished = wait_for_command(proc, reader, timeout)
-    except BaseException:                       # Ctrl-C: never leave the command running
-        command_start.kill()
-        raise
-    if finished:
-        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
-                          ensure_ascii=False)
-    kill_process_group(proc)
-    proc.wait()
-    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
-    note = f"\n[command timed out after {timeout}s; its process group was killed]"
-    if reader.is_alive():                       # `setsid` took a process out of the group
-        stop.set()
-        note += "\n[a process outside the group still holds the output; shown so far]"
-    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
-                      ensure_ascii=False)
-
-
-TOOL_SCHEMAS = [TERMINAL_SCHEMA]
-TOOL_HANDLERS = {"terminal": run_terminal}
-
-# ── [s01] The agent loop ────────────────────────────────────────────────────
-
-
-class NotAnAPIError(openai.OpenAIError):
-    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
-
-
-def first_message(response):
-    """The assistant message of a chat completion, or a clear error for anything else
-    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
-    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
-        raise NotAnAPIError("it answered with text or a web page, not JSON")
-    try:
-        message = response.choices[0].message
-        if isinstance(message.content, (str, type(None))) and \
-                isinstance(message.tool_calls, (list, type(None))):
-            return message
-    except (AttributeError, IndexError, TypeError):
-        pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
-
-
-def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
-    call without `function`, a name that is not text) get a name no tool has."""
-    function = getattr(call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
-
-
-def assistant_message_to_dict(message) -> dict:
-    """Turn the SDK's message object into the plain dict we send back next time."""
-    entry = {"role": "assistant", "content": safe_text(message.content or "")}
-    if message.tool_calls:
-        entry["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            for call_id, name, arguments in map(call_parts, message.tool_calls)
-        ]
-    return entry
-
-
-def execute_tool_call(name: str, arguments: str) -> str:
-    """Run one tool call and always return a string result, even on failure."""
-    handler = TOOL_HANDLERS.get(name)
-    if handler is None:
-        return json.dumps({"error": f"unknown tool '{name}'"})
-    try:
-        args = json.loads(arguments or "{}")
-    except (ValueError, RecursionError) as exc:     # bad, huge or absurdly nested JSON
-        return json.dumps({"error": f"arguments are not valid JSON: {first_line(exc)}"})
-    if not isinstance(args, dict):
-        return json.dumps({"error": "arguments must be a JSON object"})
-    try:
-        return handler(**args)
-    except Exception as exc:                    # a broken tool must not break the loop
-        return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
-
-
-def tool_message(call_id: str, content: str) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-
-def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
-    start = len(messages)
-    while start > 0 and messages[start - 1].get("role") == "tool":
-        start -= 1
-    calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
-    for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
-
-
-def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
-    """Run the calls in order; each one gets exactly one tool message.
-
-    If Ctrl-C arrives, the interrupted call and every call after it still get a
-    result ("interrupted"), so the conversation stays valid; then we re-raise.
-    """
-    try:
-        for call_id, name, arguments in map(call_parts, tool_calls):
-            on_event("tool_call", {"name": name, "arguments": arguments})
-            result = safe_text(execute_tool_call(name, arguments))
-            messages.append(tool_message(call_id, result))
-            on_event("tool_result", {"name": name, "result": result})
-    except KeyboardInterrupt:
-        answer_open_tool_calls(messages, "interrupted by the user")
-        raise
-
-
-def run_conversation(client, model: str, messages: list,
-                     max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
-    """The agent loop. Returns the final answer text.
-
-    The loop ends when the assistant message has no tool calls: we trust the
-    message itself, not finish_reason, which some servers report wrongly.
-    """
-    on_event = on_event or (lambda kind, data: None)
-    for _ in range(max_iterations):
-        response = client.chat.completions.create(
-            model=model, messages=messages, tools=TOOL_SCHEMAS)
-        message = first_message(response)
-        messages.append(assistant_message_to_dict(message))
-        if not message.tool_calls:
-            return messages[-1]["content"]      # the stored text: safe to print
-        run_tool_calls(message.tool_calls, messages, on_event)
-    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
-            f"(--max-iterations). Ask again to continue.]")
-
-# ── [s01] Talking to an endpoint ────────────────────────────────────────────
-
-
-def first_line(text: str, limit: int = 200) -> str:
-    line = (str(text).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit] + "…"
-
-
-def not_an_api_reason(exc: Exception) -> str | None:
-    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
-    if isinstance(exc, NotAnAPIError):
-        return str(exc)
-    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
-        return "its answer is not valid JSON"
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
-        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
-    return None
-
-
-def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
-    """One clear line for each way an endpoint can fail; never a traceback."""
-    reason = not_an_api_reason(exc)
-    if reason:                              # checked first: a 501 is no server error to retry
-        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
-    if isinstance(exc, openai.APITimeoutError):
-        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
-    if isinstance(exc, openai.APIConnectionError):
-        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
-    if isinstance(exc, openai.AuthenticationError):
-        if not os.environ.get("OPENAI_API_KEY"):
-            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
-        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
-    if isinstance(exc, openai.RateLimitError):
-        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
-    if isinstance(exc, openai.NotFoundError):
-        return (f"Model '{model}' or its API was not found at {base_url} (404). "
-                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
-    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
-        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
-    if isinstance(exc, openai.APIStatusError):
-        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
-    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
-
-
-def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
-    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
-                         max_retries=0, timeout=API_TIMEOUT)
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:                                   # Windows: no process groups here
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass                                    # already gone
 
 # ── [s01] Command line and REPL ─────────────────────────────────────────────
 
@@ -671,7 +682,8 @@ def main(argv=None) -> int:
         return run_prompt(session, args.prompt)
     return repl(session)
 
-# ── Offline model (not part of the lesson) ─────────────────────────────────
+# ── Offline model (not part of the lesson) ──────────────────────────────────
+
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.

@@ -14,6 +14,16 @@ What this stage adds
                                ▼
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
+Reading guide
+    This stage's lesson starts at the banner "[s02] Tool registry and the validation
+    door": ToolEntry, ToolRegistry, then validate_tool_call() and how
+    run_tool_calls() uses it. Then "[s02] File tools and result classification":
+    read_file(), write_file(), patch(), search_files(), classify_tool_result().
+    "[s02] File tool details" is the hardening (atomic writes, globs, the search
+    deadline). Everything from "[s01] Command line and REPL" down is plumbing:
+    the command line, the REPL (/tools is under "[s02] Tool commands") and the
+    offline model.
+
 Changes from s01
     added: MAX_INVALID_TURNS, JSON_TYPES, ToolEntry, unknown_tool_message(),
            ToolRegistry, parse_arguments(), argument_problems(), validate_tool_call(),
@@ -24,7 +34,8 @@ Changes from s01
            search_timeout_error(), SEARCH_WORKER, run_search_worker(), parse_result(),
            classify_tool_result(), tool_may_have_side_effect(), terminal_available(),
            build_registry(), REGISTRY, show_tools(), demo_availability(),
-           toolset_list(), DOOR_ERRORS, stubborn_retry()
+           toolset_list(), DOOR_ERRORS, stubborn_retry(),
+           COMMANDS['/tools']
     removed: TOOL_SCHEMAS, TOOL_HANDLERS, execute_tool_call()
                           replaced by REGISTRY and the validation door
     run_tool_calls()      validates every call first; returns whether any call was valid
@@ -32,7 +43,7 @@ Changes from s01
     Session               carries the tool definitions chosen by --toolsets
     show_event()          marks results that landed, failed or were refused
     run_turn()            passes the session's tools to the loop
-    COMMANDS, HELP_TEXT   /tools lists the offered tools
+    HELP_TEXT             /tools lists the offered tools
     run_demo(), DEMO_INPUTS, parse_args(), open_session()
                           the file-tool demo; --toolsets and --disable-toolsets
     STAGE, STAGE_TITLE    this stage's name
@@ -83,9 +94,77 @@ MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
-
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    `tools` is the list of definitions offered (default: every available tool).
+    """
+    on_event = on_event or (lambda kind, data: None)
+    tools = REGISTRY.get_definitions() if tools is None else tools
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    strikes = 0                         # consecutive turns whose calls were all invalid
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        if run_tool_calls(message.tool_calls, messages, on_event, offered):
+            strikes = 0
+        else:
+            strikes += 1
+        if strikes >= MAX_INVALID_TURNS:
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
+            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
+                    f"(last: {names}). Ask again, or check the model's tool support.]")
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
+    """Check every call at the door, run the valid ones in order; each call gets
+    exactly one tool message. Returns True if at least one call was valid.
+
+    If Ctrl-C arrives, the interrupted call and every call after it still get a
+    result ("interrupted"), so the conversation stays valid; then we re-raise.
+    """
+    calls = [call_parts(call) for call in tool_calls]
+    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+    return any(error is None for _, error in checked)
+
+
+def assistant_message_to_dict(message) -> dict:
+    """Turn the SDK's message object into the plain dict we send back next time."""
+    entry = {"role": "assistant", "content": safe_text(message.content or "")}
+    if message.tool_calls:
+        entry["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in map(call_parts, message.tool_calls)
+        ]
+    return entry
+
+
+def tool_message(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 # ── [s01] The terminal tool ─────────────────────────────────────────────────
 
@@ -108,6 +187,151 @@ TERMINAL_SCHEMA = {
         },
     },
 }
+
+
+def run_terminal(command: str, timeout: int | None = None) -> str:
+    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
+    if not isinstance(command, str) or not command.strip():
+        return json.dumps({"error": "command must be a non-empty string"})
+    if timeout is None:
+        timeout = TERMINAL_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, int) \
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
+        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:                      # the folder was deleted while we ran
+        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
+                                    f"unreadable ({exc.strerror}). Start the agent again "
+                                    f"in an existing folder."})
+    output, stop = BoundedOutput(), threading.Event()
+    command_start = CommandStart(command, cwd)
+    try:
+        proc = command_start.started()
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
+        finished = wait_for_command(proc, reader, timeout)
+    except BaseException:                       # Ctrl-C: never leave the command running
+        command_start.kill()
+        raise
+    if finished:
+        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
+                          ensure_ascii=False)
+    kill_process_group(proc)
+    proc.wait()
+    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
+    note = f"\n[command timed out after {timeout}s; its process group was killed]"
+    if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
+        note += "\n[a process outside the group still holds the output; shown so far]"
+    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
+                      ensure_ascii=False)
+
+# ── [s01] Talking to an endpoint ────────────────────────────────────────────
+
+
+def make_client(base_url: str | None, api_key: str | None):
+    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
+    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
+                         max_retries=0, timeout=API_TIMEOUT)
+
+
+def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
+    """One clear line for each way an endpoint can fail; never a traceback."""
+    reason = not_an_api_reason(exc)
+    if reason:                              # checked first: a 501 is no server error to retry
+        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APITimeoutError):
+        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APIConnectionError):
+        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
+    if isinstance(exc, openai.AuthenticationError):
+        if not os.environ.get("OPENAI_API_KEY"):
+            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
+        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+    if isinstance(exc, openai.RateLimitError):
+        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
+    if isinstance(exc, openai.NotFoundError):
+        return (f"Model '{model}' or its API was not found at {base_url} (404). "
+                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
+        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if isinstance(exc, openai.APIStatusError):
+        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
+
+
+def not_an_api_reason(exc: Exception) -> str | None:
+    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
+    if isinstance(exc, NotAnAPIError):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
+        return "its answer is not valid JSON"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
+        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
+    return None
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    line = (str(text).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit] + "…"
+
+# ── [s01] Loop details ──────────────────────────────────────────────────────
+
+
+class NotAnAPIError(openai.OpenAIError):
+    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
+        raise NotAnAPIError("it answered with text or a web page, not JSON")
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
+
+
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
+    or undecodable input) become "?" instead of crashing the next step."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
+    call without `function`, a name that is not text) get a name no tool has."""
+    function = getattr(call, "function", None)
+    name = getattr(function, "name", None)
+    arguments = getattr(function, "arguments", None)
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
+
+
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+# ── [s01] Terminal details ──────────────────────────────────────────────────
 
 
 class BoundedOutput:
@@ -136,40 +360,6 @@ class BoundedOutput:
         if cut <= 0:
             return self.head + self.tail
         return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
-
-
-def kill_process_group(proc: subprocess.Popen) -> None:
-    """Kill the command and everything it started (its whole process group)."""
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:                                   # Windows: no process groups here
-            proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass                                    # already gone
-
-
-def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe
-    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with stream:                                # closing it stops a leftover writer (SIGPIPE)
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            if stop.is_set():
-                return
-            output.add(decoder.decode(chunk))
-        output.add(decoder.decode(b"", final=True))
-
-
-def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
-    """True if the command exited and closed its output within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    reader.join(timeout)                        # a background child may keep the pipe open
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        return False
-    return not reader.is_alive()
 
 
 class CommandStart:
@@ -217,221 +407,42 @@ class CommandStart:
                 self.proc.wait()
 
 
-def run_terminal(command: str, timeout: int | None = None) -> str:
-    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
-    if not isinstance(command, str) or not command.strip():
-        return json.dumps({"error": "command must be a non-empty string"})
-    if timeout is None:
-        timeout = TERMINAL_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, int) \
-            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
-        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
+def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
+    """True if the command exited and closed its output within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    reader.join(timeout)                        # a background child may keep the pipe open
     try:
-        cwd = os.getcwd()
-    except OSError as exc:                      # the folder was deleted while we ran
-        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
-                                    f"unreadable ({exc.strerror}). Start the agent again "
-                                    f"in an existing folder."})
-    output, stop = BoundedOutput(), threading.Event()
-    command_start = CommandStart(command, cwd)
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        return False
+    return not reader.is_alive()
+
+
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Kill the command and everything it started (its whole process group)."""
     try:
-        proc = command_start.started()
-        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
-                                  daemon=True)
-        reader.start()
-        finished = wait_for_command(proc, reader, timeout)
-    except BaseException:                       # Ctrl-C: never leave the command running
-        command_start.kill()
-        raise
-    if finished:
-        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
-                          ensure_ascii=False)
-    kill_process_group(proc)
-    proc.wait()
-    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
-    note = f"\n[command timed out after {timeout}s; its process group was killed]"
-    if reader.is_alive():                       # `setsid` took a process out of the group
-        stop.set()
-        note += "\n[a process outside the group still holds the output; shown so far]"
-    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
-                      ensure_ascii=False)
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:                                   # Windows: no process groups here
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass                                    # already gone
 
-
-# ── [s01] The agent loop ────────────────────────────────────────────────────
-
-
-class NotAnAPIError(openai.OpenAIError):
-    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
-
-
-def first_message(response):
-    """The assistant message of a chat completion, or a clear error for anything else
-    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
-    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
-        raise NotAnAPIError("it answered with text or a web page, not JSON")
-    try:
-        message = response.choices[0].message
-        if isinstance(message.content, (str, type(None))) and \
-                isinstance(message.tool_calls, (list, type(None))):
-            return message
-    except (AttributeError, IndexError, TypeError):
-        pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
-
-
-def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
-    call without `function`, a name that is not text) get a name no tool has."""
-    function = getattr(call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
-
-
-def assistant_message_to_dict(message) -> dict:
-    """Turn the SDK's message object into the plain dict we send back next time."""
-    entry = {"role": "assistant", "content": safe_text(message.content or "")}
-    if message.tool_calls:
-        entry["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            for call_id, name, arguments in map(call_parts, message.tool_calls)
-        ]
-    return entry
-
-
-def tool_message(call_id: str, content: str) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-
-def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
-    start = len(messages)
-    while start > 0 and messages[start - 1].get("role") == "tool":
-        start -= 1
-    calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
-    for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
-
-
-def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
-    """Check every call at the door, run the valid ones in order; each call gets
-    exactly one tool message. Returns True if at least one call was valid.
-
-    If Ctrl-C arrives, the interrupted call and every call after it still get a
-    result ("interrupted"), so the conversation stays valid; then we re-raise.
-    """
-    calls = [call_parts(call) for call in tool_calls]
-    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
-    try:
-        for (call_id, name, arguments), (args, error) in zip(calls, checked):
-            on_event("tool_call", {"name": name, "arguments": arguments})
-            result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
-            messages.append(tool_message(call_id, result))
-            on_event("tool_result", {"name": name, "result": result})
-    except KeyboardInterrupt:
-        answer_open_tool_calls(messages, "interrupted by the user")
-        raise
-    return any(error is None for _, error in checked)
-
-
-def run_conversation(client, model: str, messages: list,
-                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
-    """The agent loop. Returns the final answer text.
-
-    The loop ends when the assistant message has no tool calls: we trust the
-    message itself, not finish_reason, which some servers report wrongly.
-    `tools` is the list of definitions offered (default: every available tool).
-    """
-    on_event = on_event or (lambda kind, data: None)
-    tools = REGISTRY.get_definitions() if tools is None else tools
-    offered = {tool["function"]["name"]: tool for tool in tools}
-    strikes = 0                         # consecutive turns whose calls were all invalid
-    for _ in range(max_iterations):
-        response = client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
-        message = first_message(response)
-        messages.append(assistant_message_to_dict(message))
-        if not message.tool_calls:
-            return messages[-1]["content"]      # the stored text: safe to print
-        if run_tool_calls(message.tool_calls, messages, on_event, offered):
-            strikes = 0
-        else:
-            strikes += 1
-        if strikes >= MAX_INVALID_TURNS:
-            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
-            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
-                    f"(last: {names}). Ask again, or check the model's tool support.]")
-    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
-            f"(--max-iterations). Ask again to continue.]")
-
-# ── [s01] Talking to an endpoint ────────────────────────────────────────────
-
-
-def first_line(text: str, limit: int = 200) -> str:
-    line = (str(text).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit] + "…"
-
-
-def not_an_api_reason(exc: Exception) -> str | None:
-    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
-    if isinstance(exc, NotAnAPIError):
-        return str(exc)
-    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
-        return "its answer is not valid JSON"
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
-        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
-    return None
-
-
-def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
-    """One clear line for each way an endpoint can fail; never a traceback."""
-    reason = not_an_api_reason(exc)
-    if reason:                              # checked first: a 501 is no server error to retry
-        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
-    if isinstance(exc, openai.APITimeoutError):
-        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
-    if isinstance(exc, openai.APIConnectionError):
-        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
-    if isinstance(exc, openai.AuthenticationError):
-        if not os.environ.get("OPENAI_API_KEY"):
-            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
-        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
-    if isinstance(exc, openai.RateLimitError):
-        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
-    if isinstance(exc, openai.NotFoundError):
-        return (f"Model '{model}' or its API was not found at {base_url} (404). "
-                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
-    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
-        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
-    if isinstance(exc, openai.APIStatusError):
-        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
-    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
-
-
-def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
-    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
-                         max_retries=0, timeout=API_TIMEOUT)
-
-# ── [s02] Tool registry and the validation door ────────────────────────────
+# ── [s02] Tool registry and the validation door ─────────────────────────────
 
 MAX_INVALID_TURNS = 3                   # all-invalid turns in a row before we stop
-JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
-              "array": list, "object": dict}
 
 
 class ToolEntry:
@@ -454,11 +465,6 @@ class ToolEntry:
             return bool(self.check_fn())
         except Exception:
             return False
-
-
-def unknown_tool_message(name: str, available) -> str:
-    listed = ", ".join(sorted(available)) or "(none)"
-    return f"Tool '{name}' does not exist. Available tools: {listed}"
 
 
 class ToolRegistry:
@@ -497,6 +503,33 @@ class ToolRegistry:
             return f"Error: {name} failed: {type(exc).__name__}: {first_line(exc)}"
 
 
+def validate_tool_call(name: str, raw_arguments: str,
+                       offered: dict) -> tuple[dict | None, str | None]:
+    """The door: (arguments, None) for a valid call, (None, error text) otherwise.
+    Nothing half-parsed ever reaches a handler."""
+    if name not in offered:
+        return None, unknown_tool_message(name, offered)
+    args, error = parse_arguments(name, raw_arguments)
+    if error:
+        return None, error
+    parameters = offered[name]["function"].get("parameters", {})
+    problems = argument_problems(args, parameters)
+    if problems:
+        expected = ", ".join(parameters.get("properties", {})) or "none"
+        return None, (f"Error: invalid arguments for {name}: {'; '.join(problems)}. "
+                      f"Expected arguments: {expected}.")
+    return args, None
+
+
+def unknown_tool_message(name: str, available) -> str:
+    listed = ", ".join(sorted(available)) or "(none)"
+    return f"Tool '{name}' does not exist. Available tools: {listed}"
+
+
+JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+              "array": list, "object": dict}
+
+
 def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None]:
     """Arguments text -> dict. An empty string means no arguments."""
     try:
@@ -525,25 +558,7 @@ def argument_problems(args: dict, parameters: dict) -> list[str]:
             problems.append(f"argument '{key}' must be of type {expected}")
     return problems
 
-
-def validate_tool_call(name: str, raw_arguments: str,
-                       offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, (None, error text) otherwise.
-    Nothing half-parsed ever reaches a handler."""
-    if name not in offered:
-        return None, unknown_tool_message(name, offered)
-    args, error = parse_arguments(name, raw_arguments)
-    if error:
-        return None, error
-    parameters = offered[name]["function"].get("parameters", {})
-    problems = argument_problems(args, parameters)
-    if problems:
-        expected = ", ".join(parameters.get("properties", {})) or "none"
-        return None, (f"Error: invalid arguments for {name}: {'; '.join(problems)}. "
-                      f"Expected arguments: {expected}.")
-    return args, None
-
-# ── [s02] File tools and result classification ─────────────────────────────
+# ── [s02] File tools and result classification ──────────────────────────────
 
 MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
@@ -551,71 +566,6 @@ MAX_SEARCH_MATCHES = 100                # matches returned by one search_files c
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
 SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
-
-
-def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
-    return {"type": "function",
-            "function": {"name": name, "description": description,
-                         "parameters": {"type": "object", "properties": properties,
-                                        "required": required}}}
-
-
-def error_result(message: str) -> str:
-    return json.dumps({"error": message}, ensure_ascii=False)
-
-
-def tool_path(path: str) -> Path:
-    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
-    try:
-        return Path(path).expanduser()
-    except RuntimeError:                    # no home folder is known: take it literally
-        return Path(path)
-
-
-def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
-
-    The text is encoded before anything is touched (a lone surrogate fails here), written
-    to a temporary file in the same folder, flushed to the disk, given the old file's
-    permissions and renamed over the target. A rename within one folder is atomic, so a
-    reader, a crash or a full disk sees the whole old file or the whole new one, never half.
-    """
-    data = text.encode("utf-8")
-    target = target.resolve()               # through a symbolic link, as open() would go
-    try:
-        mode = target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = None                         # a new file: the umask decides, as for open()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
-    file = open(temporary, "xb")            # "x": fail rather than reuse an existing file
-    try:
-        with file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        if mode is not None:
-            os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:                   # Ctrl-C too: leave no temporary file behind
-        temporary.unlink(missing_ok=True)
-        raise
-    return len(data)
-
-
-def bounded_lines(file):
-    """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
-    with no newline at all (a minified bundle, a sparse file) is never read whole."""
-    while line := file.readline(MAX_LINE_CHARS):
-        if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
-            skipped = 0
-            while rest := file.readline(MAX_LINE_CHARS):
-                skipped += len(rest.rstrip("\n"))
-                if rest.endswith("\n"):
-                    break
-            if skipped:
-                line += f" … [{skipped} characters of this line cut]"
-        yield line.rstrip("\n")
 
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
@@ -675,6 +625,147 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
                       ensure_ascii=False)
 
 
+def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
+    """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
+    try:
+        re.compile(pattern)                 # a clear error now, before the worker starts
+    except re.error as exc:
+        return error_result(f"invalid regular expression: {exc}")
+    root = tool_path(path)
+    if not root.exists():
+        return error_result(f"no such path: {path}")
+    if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
+        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
+                            f"read it in parts with read_file")
+    deadline = time.monotonic() + SEARCH_TIMEOUT
+    files = []
+    for file in [root] if root.is_file() else searchable_files(root, glob):
+        if time.monotonic() > deadline:     # a folder too big to walk in time
+            return search_timeout_error()
+        files.append(file)
+    found = run_search_worker(pattern, files, deadline) if files else []
+    if found is None:
+        return search_timeout_error()
+    matches = [f"{files[index]}:{number}: {text}" for index, number, text in found]
+    return json.dumps({"matches": matches, "truncated": len(matches) >= MAX_SEARCH_MATCHES},
+                      ensure_ascii=False)
+
+
+def classify_tool_result(name: str, result: str) -> str:
+    """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
+    data = parse_result(result)
+    if data is None:                    # plain text: the door's and dispatch's errors
+        return "error" if result.startswith(("Error", "Tool '")) else "ok"
+    if data.get("refused") is True:     # guards in later stages refuse with this flag
+        return "refused"
+    if "error" in data:
+        return "error"
+    if name == "write_file" and isinstance(data.get("bytes_written"), int):
+        return "landed"
+    if name == "patch" and data.get("success") is True:
+        return "landed"
+    return "ok"
+
+
+def build_registry() -> ToolRegistry:
+    registry = ToolRegistry()
+    text, integer = {"type": "string"}, {"type": "integer"}
+    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
+                                check_fn=terminal_available, mutates=True))
+    registry.register(ToolEntry("read_file", "file", function_schema(
+        "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
+        {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
+    registry.register(ToolEntry("write_file", "file", function_schema(
+        "write_file", "Create or overwrite a file with the given content.",
+        {"path": text, "content": text}, ["path", "content"]), write_file, mutates=True))
+    registry.register(ToolEntry("patch", "file", function_schema(
+        "patch", "Replace old_string with new_string in a file; old_string must be unique "
+                 "unless replace_all is true.",
+        {"path": text, "old_string": text, "new_string": text,
+         "replace_all": {"type": "boolean"}}, ["path", "old_string", "new_string"]),
+        patch, mutates=True))
+    registry.register(ToolEntry("search_files", "file", function_schema(
+        "search_files", "Search files for a regular expression; optional glob: a file "
+                        "name (*.py) or a path below `path` (src/**/*.py).",
+        {"pattern": text, "path": text, "glob": text}, ["pattern"]), search_files))
+    return registry
+
+# ── [s02] File tool details ─────────────────────────────────────────────────
+
+
+def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
+    return {"type": "function",
+            "function": {"name": name, "description": description,
+                         "parameters": {"type": "object", "properties": properties,
+                                        "required": required}}}
+
+
+def error_result(message: str) -> str:
+    return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def parse_result(result: str) -> dict | None:
+    try:
+        data = json.loads(result)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def tool_path(path: str) -> Path:
+    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:                    # no home folder is known: take it literally
+        return Path(path)
+
+
+def write_text_atomically(target: Path, text: str) -> int:
+    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
+
+    The text is encoded before anything is touched (a lone surrogate fails here), written
+    to a temporary file in the same folder, flushed to the disk, given the old file's
+    permissions and renamed over the target. A rename within one folder is atomic, so a
+    reader, a crash or a full disk sees the whole old file or the whole new one, never half.
+    """
+    data = text.encode("utf-8")
+    target = target.resolve()               # through a symbolic link, as open() would go
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None                         # a new file: the umask decides, as for open()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
+    file = open(temporary, "xb")            # "x": fail rather than reuse an existing file
+    try:
+        with file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:                   # Ctrl-C too: leave no temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
+    return len(data)
+
+
+def bounded_lines(file):
+    """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
+    with no newline at all (a minified bundle, a sparse file) is never read whole."""
+    while line := file.readline(MAX_LINE_CHARS):
+        if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
+            skipped = 0
+            while rest := file.readline(MAX_LINE_CHARS):
+                skipped += len(rest.rstrip("\n"))
+                if rest.endswith("\n"):
+                    break
+            if skipped:
+                line += f" … [{skipped} characters of this line cut]"
+        yield line.rstrip("\n")
+
+
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
     path below the search root, `**` standing for any number of folders, even none."""
@@ -716,32 +807,6 @@ def searchable_files(root: Path, glob: str | None):
                     yield file
             except OSError:                 # a broken link or an unreadable file
                 continue
-
-
-def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
-    try:
-        re.compile(pattern)                 # a clear error now, before the worker starts
-    except re.error as exc:
-        return error_result(f"invalid regular expression: {exc}")
-    root = tool_path(path)
-    if not root.exists():
-        return error_result(f"no such path: {path}")
-    if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
-        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
-                            f"read it in parts with read_file")
-    deadline = time.monotonic() + SEARCH_TIMEOUT
-    files = []
-    for file in [root] if root.is_file() else searchable_files(root, glob):
-        if time.monotonic() > deadline:     # a folder too big to walk in time
-            return search_timeout_error()
-        files.append(file)
-    found = run_search_worker(pattern, files, deadline) if files else []
-    if found is None:
-        return search_timeout_error()
-    matches = [f"{files[index]}:{number}: {text}" for index, number, text in found]
-    return json.dumps({"matches": matches, "truncated": len(matches) >= MAX_SEARCH_MATCHES},
-                      ensure_ascii=False)
 
 
 def search_timeout_error() -> str:
@@ -794,30 +859,6 @@ def run_search_worker(pattern: str, files: list, deadline: float) -> list | None
     return json.loads(done.stdout)
 
 
-def parse_result(result: str) -> dict | None:
-    try:
-        data = json.loads(result)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def classify_tool_result(name: str, result: str) -> str:
-    """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
-    data = parse_result(result)
-    if data is None:                    # plain text: the door's and dispatch's errors
-        return "error" if result.startswith(("Error", "Tool '")) else "ok"
-    if data.get("refused") is True:     # guards in later stages refuse with this flag
-        return "refused"
-    if "error" in data:
-        return "error"
-    if name == "write_file" and isinstance(data.get("bytes_written"), int):
-        return "landed"
-    if name == "patch" and data.get("success") is True:
-        return "landed"
-    return "ok"
-
-
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
     entry = REGISTRY.get(name)
@@ -826,30 +867,6 @@ def tool_may_have_side_effect(name: str) -> bool:
 
 def terminal_available() -> bool:
     return os.name == "nt" or Path("/bin/sh").exists()
-
-
-def build_registry() -> ToolRegistry:
-    registry = ToolRegistry()
-    text, integer = {"type": "string"}, {"type": "integer"}
-    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
-                                check_fn=terminal_available, mutates=True))
-    registry.register(ToolEntry("read_file", "file", function_schema(
-        "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
-        {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
-    registry.register(ToolEntry("write_file", "file", function_schema(
-        "write_file", "Create or overwrite a file with the given content.",
-        {"path": text, "content": text}, ["path", "content"]), write_file, mutates=True))
-    registry.register(ToolEntry("patch", "file", function_schema(
-        "patch", "Replace old_string with new_string in a file; old_string must be unique "
-                 "unless replace_all is true.",
-        {"path": text, "old_string": text, "new_string": text,
-         "replace_all": {"type": "boolean"}}, ["path", "old_string", "new_string"]),
-        patch, mutates=True))
-    registry.register(ToolEntry("search_files", "file", function_schema(
-        "search_files", "Search files for a regular expression; optional glob: a file "
-                        "name (*.py) or a path below `path` (src/**/*.py).",
-        {"pattern": text, "path": text, "glob": text}, ["pattern"]), search_files))
-    return registry
 
 
 REGISTRY = build_registry()
@@ -933,15 +950,7 @@ def show_help(session: Session, argument: str) -> None:
     console.print(Text(HELP_TEXT))
 
 
-def show_tools(session: Session, argument: str) -> None:
-    offered = {tool["function"]["name"] for tool in session.tools}
-    for toolset in REGISTRY.toolsets():
-        names = sorted(name for name in offered if REGISTRY.get(name).toolset == toolset)
-        console.print(Text(f"  {toolset:<15} {', '.join(names) or '(not offered)'}"))
-
-
-COMMANDS = {"/help": show_help,         # later stages add their own slash commands
-            "/tools": show_tools}
+COMMANDS = {"/help": show_help}         # later stages add their own slash commands
 
 
 def handle_command(session: Session, line: str) -> bool:
@@ -1023,20 +1032,6 @@ DEMO_INPUTS = [
 ]
 
 
-def demo_availability() -> None:
-    """Toolsets and check_fn decide what the model is offered."""
-    def offered(tools):
-        return ", ".join(tool["function"]["name"] for tool in tools)
-    console.print(Text(f"Offered by default:           {offered(REGISTRY.get_definitions())}"))
-    console.print(Text(f"With --disable-toolsets file: "
-                       f"{offered(REGISTRY.get_definitions(disabled_toolsets={'file'}))}"))
-    broken = ToolRegistry()
-    broken.register(ToolEntry("gpu_info", "demo", function_schema("gpu_info", "GPU", {}, []),
-                              lambda: "{}", check_fn=lambda: 1 / 0))
-    console.print(Text(f"A tool whose check_fn raises is offered as: "
-                       f"[{offered(broken.get_definitions())}]"))
-
-
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     demo_availability()
@@ -1060,15 +1055,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
-
-def toolset_list(text: str) -> set[str]:
-    names = {name.strip() for name in text.split(",") if name.strip()}
-    unknown = names - set(REGISTRY.toolsets())
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown toolset(s) {', '.join(sorted(unknown))} "
-                                         f"(known: {', '.join(REGISTRY.toolsets())})")
-    return names
 
 
 def parse_args(argv=None):
@@ -1169,7 +1155,43 @@ def main(argv=None) -> int:
         return run_prompt(session, args.prompt)
     return repl(session)
 
-# ── Offline model (not part of the lesson) ─────────────────────────────────
+# ── [s02] Tool commands ─────────────────────────────────────────────────────
+
+
+def show_tools(session: Session, argument: str) -> None:
+    offered = {tool["function"]["name"] for tool in session.tools}
+    for toolset in REGISTRY.toolsets():
+        names = sorted(name for name in offered if REGISTRY.get(name).toolset == toolset)
+        console.print(Text(f"  {toolset:<15} {', '.join(names) or '(not offered)'}"))
+
+
+COMMANDS["/tools"] = show_tools
+
+
+def toolset_list(text: str) -> set[str]:
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = names - set(REGISTRY.toolsets())
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown toolset(s) {', '.join(sorted(unknown))} "
+                                         f"(known: {', '.join(REGISTRY.toolsets())})")
+    return names
+
+
+def demo_availability() -> None:
+    """Toolsets and check_fn decide what the model is offered."""
+    def offered(tools):
+        return ", ".join(tool["function"]["name"] for tool in tools)
+    console.print(Text(f"Offered by default:           {offered(REGISTRY.get_definitions())}"))
+    console.print(Text(f"With --disable-toolsets file: "
+                       f"{offered(REGISTRY.get_definitions(disabled_toolsets={'file'}))}"))
+    broken = ToolRegistry()
+    broken.register(ToolEntry("gpu_info", "demo", function_schema("gpu_info", "GPU", {}, []),
+                              lambda: "{}", check_fn=lambda: 1 / 0))
+    console.print(Text(f"A tool whose check_fn raises is offered as: "
+                       f"[{offered(broken.get_definitions())}]"))
+
+# ── Offline model (not part of the lesson) ──────────────────────────────────
+
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
@@ -1179,8 +1201,6 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "the file tools, 'call <tool> <json>' sends a raw tool call. "
                 "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
                 "other providers) and start me again.")
-
-
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
 
 

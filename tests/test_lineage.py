@@ -20,7 +20,7 @@ from helpers import AGENTS, all_stages
 LINEAGE = {
     "s01_loop": {"base": True},
     "s02_tool_registry": {
-        "added": ["ToolEntry", "ToolRegistry", "REGISTRY", "build_registry", "terminal_available",
+        "added": ["COMMANDS['/tools']", "ToolEntry", "ToolRegistry", "REGISTRY", "build_registry", "terminal_available",
                   "unknown_tool_message", "parse_arguments", "argument_problems",
                   "validate_tool_call", "MAX_INVALID_TURNS", "JSON_TYPES",
                   "read_file", "write_file", "patch", "search_files", "searchable_files",
@@ -33,12 +33,12 @@ LINEAGE = {
                   "demo_availability", "stubborn_retry", "DOOR_ERRORS"],
         "removed": ["TOOL_SCHEMAS", "TOOL_HANDLERS", "execute_tool_call"],
         "changed": ["<imports>", "STAGE", "STAGE_TITLE", "run_tool_calls", "run_conversation",
-                    "Session", "show_event", "run_turn", "COMMANDS", "HELP_TEXT", "DEMO_INPUTS",
+                    "Session", "show_event", "run_turn", "HELP_TEXT", "DEMO_INPUTS",
                     "run_demo", "parse_args", "open_session", "OFFLINE_HELP", "offline_plan",
                     "offline_summary", "offline_reply"],
     },
     "s03_session_store": {
-        "added": ["STATE_DB_NAME", "SQLITE_TIMEOUT", "SEARCH_RESULTS_MAX", "HISTORY_NOTE",
+        "added": ["COMMANDS['/sessions']", "COMMANDS['/resume']", "STATE_DB_NAME", "SQLITE_TIMEOUT", "SEARCH_RESULTS_MAX", "HISTORY_NOTE",
                   "SCHEMA", "FTS_SCHEMA", "hermes_home", "new_session_id", "is_searchable",
                   "search_words", "CJK_CHARACTER", "casefold", "SessionStore", "like_snippet", "open_store",
                   "RecordedMessages", "ActiveSession", "session_search", "SESSION_SEARCH_ENTRY",
@@ -46,11 +46,11 @@ LINEAGE = {
                   "resume_command", "close_session", "demo_session", "demo_say"],
         "removed": ["demo_availability"],
         "changed": ["<imports>", "STAGE", "STAGE_TITLE", "Session", "open_session", "main",
-                    "parse_args", "COMMANDS", "HELP_TEXT", "DEMO_INPUTS", "run_demo",
+                    "parse_args", "HELP_TEXT", "DEMO_INPUTS", "run_demo",
                     "OFFLINE_HELP", "offline_plan", "offline_summary"],
     },
     "s04_prompt_builder": {
-        "added": ["CONTEXT_FILE_NAMES", "CONTEXT_FILE_MAX_CHARS", "MAX_CONTEXT_FILE_BYTES",
+        "added": ["COMMANDS['/prompt']", "CONTEXT_FILE_NAMES", "CONTEXT_FILE_MAX_CHARS", "MAX_CONTEXT_FILE_BYTES",
                   "_SCAN_MAX_CHARS", "_INVISIBLE", "_EMOJI_SELECTORS", "_GAP", "_WORD", "_FILLER",
                   "_NEGATIONS", "_SECRET_VARIABLE", "_SECRET_FILE", "_near", "THREAT_PATTERNS",
                   "_zh", "_first", "_ORDER", "_SameLine", "_SENDS_SECRET_FILE", "_CURL", "_WGET",
@@ -65,7 +65,7 @@ LINEAGE = {
                   "describe_system_prompt", "CLEAN_AGENTS_MD", "POISONED_AGENTS_MD",
                   "demo_folder"],
         "removed": ["demo_say", "demo_session"],
-        "changed": ["<imports>", "STAGE", "STAGE_TITLE", "Session", "COMMANDS", "HELP_TEXT",
+        "changed": ["<imports>", "STAGE", "STAGE_TITLE", "Session", "HELP_TEXT",
                     "DEMO_INPUTS", "run_demo", "OFFLINE_HELP", "offline_reply"],
     },
 }
