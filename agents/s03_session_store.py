@@ -4,7 +4,7 @@ What this stage adds
     From the model's first answer on, every message is saved to SQLite the moment it
     is appended, so a session can be resumed exactly (--resume ID, --continue,
     /resume), tool-call pairing intact. A full-text index (FTS5, or a LIKE search
-    where SQLite lacks FTS5 or the words are Chinese or Japanese) backs the
+    where SQLite lacks FTS5 or the words are Chinese, Japanese or Korean) backs the
     session_search tool, which searches earlier sessions, never the current one, and
     labels what it finds as history. A broken database gives one warning; the agent
     keeps working without saving.
