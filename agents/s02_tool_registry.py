@@ -638,11 +638,10 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
     deadline = time.monotonic() + SEARCH_TIMEOUT
-    files = []
-    for file in [root] if root.is_file() else searchable_files(root, glob):
-        if time.monotonic() > deadline:     # a folder too big to walk in time
-            return search_timeout_error()
-        files.append(file)
+    try:
+        files = [root] if root.is_file() else list(searchable_files(root, glob, deadline))
+    except TimeoutError:                    # a folder too big to walk in time
+        return search_timeout_error()
     found = run_search_worker(pattern, files, deadline) if files else []
     if found is None:
         return search_timeout_error()
@@ -730,6 +729,9 @@ def write_text_atomically(target: Path, text: str) -> int:
     """
     data = text.encode("utf-8")
     target = target.resolve()               # through a symbolic link, as open() would go
+    if target.exists() and not target.is_file():
+        # A FIFO or a device such as /dev/null: the rename would replace it with a plain file.
+        raise ValueError("not a regular file (a FIFO, a device or a socket); left as it is")
     try:
         mode = target.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -771,7 +773,11 @@ def glob_matches(relative: Path, glob: str) -> bool:
     path below the search root, `**` standing for any number of folders, even none."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
-    pieces = [piece for piece in glob.split("/") if piece not in ("", ".")]
+    pieces = []
+    for piece in glob.split("/"):
+        if piece in ("", ".") or (piece == "**" and pieces[-1:] == ["**"]):
+            continue                        # "**/**" means "**": one is enough
+        pieces.append(piece)
     # Every place in the glob that the folders seen so far can have reached. Following
     # all of them at once, instead of trying one and backtracking, keeps this linear.
     reached = after_double_stars({0}, pieces)
@@ -795,10 +801,17 @@ def after_double_stars(reached: set, pieces: list) -> set:
     return extended
 
 
-def searchable_files(root: Path, glob: str | None):
+def searchable_files(root: Path, glob: str | None, deadline: float):
+    """Regular files below `root` that `glob` matches. Raises TimeoutError once the
+    deadline (a time.monotonic() value) has passed: the clock is read for every folder
+    and every file, because a glob that matches nothing never hands back a file."""
     for folder, dirs, files in os.walk(root):
+        if time.monotonic() > deadline:     # a tree of many empty folders
+            raise TimeoutError
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for name in sorted(files):
+            if time.monotonic() > deadline:  # a glob that matches none of the files
+                raise TimeoutError
             file = Path(folder) / name
             if glob is not None and not glob_matches(file.relative_to(root), glob):
                 continue
@@ -827,15 +840,17 @@ def search(pattern, files, limit):
     regex, found = re.compile(pattern), []
     for index, name in enumerate(files):
         try:
+            # Lines as read_file() numbers them: only \n, \r\n or \r ends one, not the
+            # form feeds and separators that str.splitlines() also splits on.
             with open(name, encoding="utf-8", errors="replace") as file:
-                lines = file.read().splitlines()
+                for number, line in enumerate(file, start=1):
+                    line = line.rstrip("\n")
+                    if regex.search(line):
+                        found.append([index, number, line[:200]])
+                        if len(found) >= limit:
+                            return found
         except OSError:
             continue
-        for number, line in enumerate(lines, start=1):
-            if regex.search(line):
-                found.append([index, number, line[:200]])
-                if len(found) >= limit:
-                    return found
     return found
 
 request = json.load(sys.stdin)

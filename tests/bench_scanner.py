@@ -50,6 +50,13 @@ NEAR_MISSES = {
     "hidden_element": ['<div style="', "<a style = ", "<span hidden ", "<span>"],
     "invisible_unicode": ["a\u200b"],
 }
+# Whole files with one long token: `\w*_\w*` tried every split of `a_a_a_…` (15 s).
+# (label, text) by finding id, timed with the near misses above.
+LONG_TOKENS = {
+    "unset_agent_env": [("`unset a_a_a_…`", "# Notes\n\nRun `unset " + "a_" * 32_000 + "`")],
+    "exfil_curl": [("curl $a_a_a_…", "curl $" + "a_" * 32_000)],
+    "read_secrets": [("cat a.a.a.…", "cat " + "a." * 32_000)],
+}
 # Markdown that is slow to render, cut to the largest size that is still rendered
 # (_RENDER_MAX_WORK) and given a comment so that it must be rendered.
 SLOW_MARKDOWN = ["- - - - a\n", "- > - > a\n", "1. a\n", "|-|-|\n", "<span>", "<a b='",
@@ -98,8 +105,8 @@ def main() -> None:
         slowest = []                                   # (seconds, text)
         for finding, label, run in rule_rows(stage):
             worst = (0.0, "", "")
-            for unit in NEAR_MISSES[finding]:
-                text = repeated(unit)
+            texts = [(unit, repeated(unit)) for unit in NEAR_MISSES[finding]]
+            for unit, text in texts + LONG_TOKENS.get(finding, []):
                 normal = stage.normalise_text(text)
                 view = (stage.rendered_markup(normal) if label == "structure check"
                         else stage.fold_text(normal))

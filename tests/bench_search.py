@@ -31,7 +31,7 @@ def make_tree(root: Path) -> None:
 
 def in_process_search(stage, pattern: str, root: Path) -> int:
     regex, found = re.compile(pattern), 0
-    for file in stage.searchable_files(root, None):
+    for file in stage.searchable_files(root, None, time.monotonic() + 3600):
         for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
             found += bool(regex.search(line))
     return found

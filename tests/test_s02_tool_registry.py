@@ -6,6 +6,7 @@ Runs on every stage from s02 up.
 import json
 import os
 import re
+import stat
 import threading
 
 import pytest
@@ -255,6 +256,28 @@ def test_search_files_skips_fifos_and_devices(stage, workdir):
     assert "error" in json.loads(stage.read_file("d/pipe"))
 
 
+def test_write_file_and_patch_leave_a_fifo_alone(stage, workdir):
+    # A FIFO stands in for /dev/null: the rename would have replaced it with a plain file.
+    os.mkfifo(workdir / "pipe")
+    (workdir / "link").symlink_to("pipe")
+    for name in ("pipe", "link"):
+        result = json.loads(stage.write_file(name, "x"))
+        assert "not a regular file" in result.get("error", ""), result
+        assert "error" in json.loads(stage.patch(name, "x", "y"))
+    assert stat.S_ISFIFO(os.stat(workdir / "pipe").st_mode)
+    assert folder_listing(workdir) == ["link", "pipe"]     # no temporary file left
+
+
+def test_search_files_numbers_lines_as_read_file_does(stage, workdir):
+    # Form feed, \x1c and \u2028 end a line for str.splitlines() but not for read_file.
+    (workdir / "odd.py").write_text("a = 1\n\x0c\nb = 2\nc\x1cd\ne\u2028f\nTARGET = 3\n",
+                                    encoding="utf-8")
+    shown = json.loads(stage.read_file("odd.py"))["content"].split("\n")
+    read_number = next(int(line.split("|")[0]) for line in shown if "TARGET" in line)
+    assert json.loads(stage.search_files("TARGET", "."))["matches"] == \
+        [f"odd.py:{read_number}: TARGET = 3"]
+
+
 # ── file writes are atomic ────────────────────────────────────────────────
 
 def folder_listing(folder):
@@ -356,6 +379,7 @@ GLOBS = [                   # (glob, the files of TREE that it matches)
     ("*/a.py", ["src/a.py"]),
     ("src/**", ["src/a.py", "src/pkg/deep/b.py", "src/pkg/deep/notes.txt"]),
     ("**", TREE),
+    ("src/**/**/*.py", ["src/a.py", "src/pkg/deep/b.py"]),     # the same as src/**/*.py
 ]
 
 
@@ -395,6 +419,15 @@ def test_many_double_stars_are_matched_without_backtracking(stage):
     assert call_with_deadline(stage.glob_matches, deep, many + "/**/*.py")
 
 
+def test_a_run_of_double_stars_is_matched_as_one(stage):
+    # Without folding them, each folder of the path costs (20,000 ** 2) / 2 steps: minutes.
+    path = stage.Path("a/b/c.py")
+    assert not call_with_deadline(stage.glob_matches, path, "**/" * 20_000 + "*.nomatch",
+                                  seconds=30)
+    assert call_with_deadline(stage.glob_matches, path, "a/" + "**/" * 20_000 + "*.py",
+                              seconds=30)
+
+
 def test_a_catastrophic_regex_is_stopped_at_the_deadline(stage, workdir, monkeypatch):
     # 2**27 ways to try: seconds of work, far beyond the deadline. (Not more: should the
     # deadline break, `re` holds the interpreter until it finishes and nothing can end it.)
@@ -410,6 +443,16 @@ def test_the_deadline_also_bounds_walking_the_folder(stage, workdir, monkeypatch
     monkeypatch.setattr(stage, "SEARCH_TIMEOUT", -1)           # already past while walking
     monkeypatch.setattr(stage, "run_search_worker", None)      # so no worker may start
     assert "stopped after -1 s" in json.loads(stage.search_files("x", "."))["error"]
+
+
+def test_a_glob_that_matches_nothing_is_bounded_by_the_deadline(stage, workdir, monkeypatch):
+    for name in TREE:                   # no file will ever be handed to search_files()
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text("x\n")
+    monkeypatch.setattr(stage, "SEARCH_TIMEOUT", -1)           # already past while walking
+    monkeypatch.setattr(stage, "run_search_worker", None)      # so no worker may start
+    result = json.loads(stage.search_files("x", ".", "**/" * 3000 + "*.nomatch"))
+    assert "stopped after -1 s" in result.get("error", ""), result
 
 
 def test_search_files_with_nothing_to_search_starts_no_worker(stage, workdir, monkeypatch):
