@@ -11,8 +11,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # LEARN_HERMES_AGENTS_DIR points the tests at another copy of agents/ (tests/mutants.py).
@@ -167,3 +170,44 @@ def pairing_problems(messages: list[dict]) -> list[str]:
         if role == "assistant":
             open_ids = [c["id"] for c in message.get("tool_calls") or []]
     return problems
+
+
+# Real processes: only they get signals. A signal is sent once the command runs.
+
+def pid_in_file(path: Path, within: float = 60.0) -> int | None:
+    """The pid a command wrote to `path` (`echo $$ > path`), once the whole line is there:
+    the observable sign that the command runs. None if it never came (a generous
+    deadline: a loaded machine can take many seconds to start a process)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n") and text.strip().isdigit():
+            return int(text)
+        time.sleep(0.02)
+    return None
+
+
+def start_agent(stage_name, tmp_path, home=None) -> subprocess.Popen:
+    """The stage as a real process: a REPL reading a pipe (bytes), working in tmp_path,
+    its state in `home` (default tmp_path/h)."""
+    home = home or tmp_path / "h"
+    return subprocess.Popen([sys.executable, str(AGENTS / f"{stage_name}.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
+
+
+def type_line(proc: subprocess.Popen, line: bytes) -> None:
+    proc.stdin.write(line + b"\n")
+    proc.stdin.flush()
+
+
+def pid_of_running_command(proc: subprocess.Popen, pid_file: Path, problem: str) -> int:
+    """Wait until the agent's command has written its pid: only then may a signal be
+    sent, or it lands during start-up. Fails with `problem` if that never happens."""
+    pid = pid_in_file(pid_file)
+    if pid is None:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{problem} (no {pid_file.name} after 60 s):\n"
+                    f"{out.decode(errors='replace')}\n{err.decode(errors='replace')}")
+    return pid

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
-from helpers import (AGENTS, clean_env, fresh_stage, load_stage, pairing_problems, repl_output, run_main,
-                     stages_from)
+from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, pid_in_file,
+                     pid_of_running_command, repl_output, run_main, stages_from, start_agent,
+                     type_line)
 
 STAGES = stages_from("s01")
 
@@ -273,19 +274,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def pid_in_file(path: Path, within: float = 60.0) -> int | None:
-    """The pid a command wrote to `path` (`echo $$ > path`), once the whole line is there:
-    the observable sign that the command runs. None if it never came (a generous
-    deadline: a loaded machine can take many seconds to start a process)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        text = path.read_text() if path.exists() else ""
-        if text.endswith("\n") and text.strip().isdigit():
-            return int(text)
-        time.sleep(0.02)
-    return None
-
-
 def dies_soon(pid: int, within: float = 10.0) -> bool:
     """SIGKILL is asynchronous: give the kernel a moment to finish the kill."""
     deadline = time.monotonic() + within
@@ -523,30 +511,6 @@ def test_shown_arguments_at_the_limit(stage, extra):
     arguments = "a" * (limit + extra)
     expected = arguments if not extra else f"{'a' * limit}… (1 more characters)"
     assert stage.shown_arguments(arguments) == expected
-
-
-def start_agent(stage_name, tmp_path) -> subprocess.Popen:
-    """The stage as a real process: a REPL reading a pipe, working in tmp_path."""
-    return subprocess.Popen([sys.executable, str(AGENTS / f"{stage_name}.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env(LEARN_HERMES_HOME=str(tmp_path / "h")), cwd=tmp_path)
-
-
-def type_line(proc: subprocess.Popen, line: bytes) -> None:
-    proc.stdin.write(line + b"\n")
-    proc.stdin.flush()
-
-
-def pid_of_running_command(proc: subprocess.Popen, pid_file: Path, problem: str) -> int:
-    """Wait until the agent's command has written its pid: only then may a signal be
-    sent, or it lands during start-up. Fails with `problem` if that never happens."""
-    pid = pid_in_file(pid_file)
-    if pid is None:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"{problem} (no {pid_file.name} after 60 s):\n"
-                    f"{out.decode(errors='replace')}\n{err.decode(errors='replace')}")
-    return pid
 
 
 @pytest.mark.parametrize("stage_name", STAGES)

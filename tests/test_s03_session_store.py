@@ -6,15 +6,13 @@ Runs on every stage from s03 up.
 import json
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
-from helpers import (AGENTS, clean_env, fresh_stage, load_stage, pairing_problems, run_main,
-                     stages_from)
+from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, pid_of_running_command,
+                     run_main, stages_from, start_agent, type_line)
 
 STAGES = stages_from("s03")
 
@@ -501,36 +499,18 @@ def test_a_ctrl_c_right_after_a_commit_cannot_save_a_message_twice(stage, db_pat
 
 # ── Ctrl-C, held down: a real process, because only a real process gets signals ──
 
-def wait_for_pid_file(path, proc, deadline=60.0) -> int:
-    """The pid the running command wrote, or a clear failure if it never came."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        text = path.read_text().strip() if path.exists() else ""
-        if text.isdigit():
-            return int(text)
-        if proc.poll() is not None:
-            pytest.fail(f"the agent exited ({proc.returncode}) before the command started:\n"
-                        f"{proc.communicate()[1]}")
-        time.sleep(0.02)
-    proc.kill()
-    pytest.fail(f"the command never wrote {path} within {deadline:.0f} s:\n{proc.communicate()}")
-
-
 @pytest.mark.parametrize("stage_name", STAGES)
 def test_six_quick_ctrl_cs_cancel_once_and_the_session_stays_valid(stage_name, tmp_path):
     home = tmp_path / "home"
-    proc = subprocess.Popen([sys.executable, str(AGENTS / f"{stage_name}.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, encoding="utf-8", errors="replace",
-                            env=clean_env(LEARN_HERMES_HOME=str(home)), cwd=tmp_path)
+    proc = start_agent(stage_name, tmp_path, home)
     try:
-        proc.stdin.write("$ echo $$ > sleeper.pid && exec sleep 30\n")
-        proc.stdin.flush()
-        wait_for_pid_file(tmp_path / "sleeper.pid", proc)
+        type_line(proc, b"$ echo $$ > sleeper.pid && exec sleep 30")
+        pid_of_running_command(proc, tmp_path / "sleeper.pid", "the command never started")
         for _ in range(6):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.002)
-        out, err = proc.communicate("$ echo alive\n", timeout=60)
+        out, err = (text.decode("utf-8", "replace")
+                    for text in proc.communicate(b"$ echo alive\n", timeout=60))
     finally:
         proc.kill()
     assert "Traceback" not in err and "UNIQUE constraint" not in out + err, err
