@@ -1051,7 +1051,7 @@ class SessionStore:
 
 
 class RecordedMessages(list):
-    """A message list that saves every message the moment it is appended.
+    """A message list that saves each message as it is appended, once the session exists.
 
     The loop keeps calling messages.append(...) as before; persistence happens here.
     A session is stored from the model's first answer on: a first turn that failed
