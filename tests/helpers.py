@@ -93,8 +93,9 @@ def run_main(stage, *argv: str, stdin: str = "", env: dict | None = None, cwd=No
                      for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
     out, err = io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
+    new_env = clean_env() if env is None else env     # read before clearing: keeps HOME
     os.environ.clear()
-    os.environ.update(clean_env() if env is None else env)
+    os.environ.update(new_env)
     try:
         if cwd is not None:
             os.chdir(cwd)

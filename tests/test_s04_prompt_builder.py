@@ -761,9 +761,8 @@ def test_a_deleted_working_directory_has_no_project_files(stage, tmp_path):
     assert prompt.endswith(stage.environment_section(None))
 
 
-@pytest.mark.parametrize("stage_name", STAGES)
-def test_demo_builds_a_prompt_from_a_clean_and_then_a_poisoned_agents_md(stage_name, tmp_path):
-    result = run_main(stage_name, "--demo", cwd=tmp_path)
+def test_demo_builds_a_prompt_from_a_clean_and_then_a_poisoned_agents_md(tmp_path):
+    result = run_main("s04_prompt_builder", "--demo", cwd=tmp_path)   # later demos show their own
     assert result.returncode == 0, result.stderr
     clean, poisoned = result.stdout.split("A poisoned AGENTS.md:", 1)
     assert "## Project instructions from AGENTS.md\n# Project notes\nRun pytest" in clean
@@ -780,7 +779,8 @@ def test_the_demo_runs_in_a_deleted_working_directory(stage_name, tmp_path, monk
     gone.rmdir()
     result = run_main(stage_name, "--demo")
     assert result.returncode == 0, result.stderr
-    assert "same prompt as before: True" in result.stdout
+    if stage_name == "s04_prompt_builder":              # later demos show their own feature
+        assert "same prompt as before: True" in result.stdout
 
 
 def test_system_prompts_are_not_searchable(stage, project):

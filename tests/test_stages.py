@@ -23,6 +23,10 @@ STAGE_FLAGS = {
     "s02_tool_registry": ["--toolsets", "--disable-toolsets"],
     "s03_session_store": ["--resume", "--continue"],
     "s04_prompt_builder": [],
+    "s05_context_compression": ["--context-length"],
+    "s06_error_recovery": ["--max-retries", "--fallback-model", "--fallback-base-url"],
+    "s07_memory": [],
+    "s08_skills": [],
 }
 
 # What each stage's --demo promises to show (read its run_demo): evidence that the
@@ -55,6 +59,50 @@ DEMO_PROMISES = {
         "Nothing was blocked.",
         "[BLOCKED: AGENTS.md contained potential prompt injection",
         "same prompt as before: True",
+    ],
+    "s05_context_compression": [
+        "A context length of 1000 tokens: compression starts above 500.",
+        "(threshold 500): pruned 1 tool output(s), summarised 0 message(s)]",
+        "(threshold 500): pruned 0 tool output(s), summarised 5 message(s)]",
+        "One summary replaced the middle:\n- The user asked: $ seq -s ' ' 101 200",
+        "- The user asked: $ seq -s ' ' 201 300\n- Called terminal",
+        "the session store holds all 21, the full record:",
+        ": 21 messages]",
+    ],
+    "s06_error_recovery": [
+        "[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks]",
+        "[3 retries used up: trying the fallback, offline-backup at http://127.0.0.1:",
+        "This answer got through: the endpoint failed (server) as asked",
+        "(401)",
+        "[Tool loop warning: repeated_exact_failure_warning; count=2;",
+        "Not run: terminal already failed 5 times with exactly these arguments.",
+        "[Tool loop hard stop: same_tool_failure_halt; count=8;",
+        "every tool call has its result: True",
+        "[stopped: this turn reached its limit of 3 model call(s)",
+    ],
+    "s07_memory": [
+        "a memory section in its prompt: False",
+        "The running prompt is unchanged: True",
+        "### Your notes (MEMORY.md, 34/2,200 characters)\nThe tests run with: pytest -n 0 -q",
+        "in the new session's prompt: True",
+        "refused: this entry matches send_to_url. Nothing was saved.",
+        "MEMORY.md would hold 3,000 characters, over its limit of 2,200. Nothing was saved. "
+        "Consolidate first",
+        "the memory files are unchanged: True",
+    ],
+    "s08_skills": [
+        "Skill 'release-notes' created: 287 bytes in skills/release-notes/SKILL.md.",
+        "- release-notes: Write release notes for a new version from the git log.",
+        "the body is in the prompt: False; the first session's prompt is unchanged: "
+        "(no skills part)",
+        "I loaded the skill 'release-notes' and will follow it:\n# Release notes\n"
+        "1. List the changes: git log --oneline <last tag>..HEAD",
+        "invalid skill name '../../.ssh'",
+        "refused: the new skills/quick-fix/SKILL.md contains potential prompt injection",
+        "skills/quick-fix exists: False",
+        "- friendly-reviewer: [BLOCKED: the description contained potential prompt injection "
+        "(role_change)]",
+        "Not usable: skills/broken/SKILL.md: 'description' is missing or empty",
     ],
 }
 
