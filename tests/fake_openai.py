@@ -14,6 +14,8 @@ Turn formats:
     a tool call may also be {"raw": {...}}: sent exactly as given, malformed or not
     {"status": 429, "message": "slow down", "headers": {"Retry-After": "1"}}
     {"body": "<html>…</html>", "content_type": "text/html"}   (status 200, sent as is)
+    {"drop": True}     hang up without an answer (the client sees a connection error)
+    {"hang": True}     answer nothing until the server stops (the client's timeout fires)
 
 Run it standalone to serve a JSON script:  python tests/fake_openai.py script.json 8765
 """
@@ -52,8 +54,20 @@ def raw_body(body: str, content_type: str = "application/json") -> dict:
     return {"body": body, "content_type": content_type}
 
 
-def http_error(status: int, message: str = "scripted error", headers: dict | None = None) -> dict:
-    return {"status": status, "message": message, "headers": headers or {}}
+def http_error(status: int, message: str = "scripted error", headers: dict | None = None,
+               code: str | None = None) -> dict:
+    """An HTTP error; `code` goes into the error body, as OpenAI's "insufficient_quota"."""
+    return {"status": status, "message": message, "headers": headers or {}, "code": code}
+
+
+def dropped_connection() -> dict:
+    """The server closes the connection without answering."""
+    return {"drop": True}
+
+
+def no_answer() -> dict:
+    """The server keeps the request open and never answers (until it stops)."""
+    return {"hang": True}
 
 
 def completion(turn: dict, model: str, number: int) -> dict:
@@ -104,11 +118,16 @@ class _Handler(BaseHTTPRequestHandler):
             number = len(fake.requests)
         if turn is None:
             self._send(500, {"error": {"message": "fake server: script exhausted"}})
+        elif turn.get("drop"):
+            self.close_connection = True
+        elif turn.get("hang"):
+            fake.released.wait(60)
+            self.close_connection = True
         elif "body" in turn:
             self._send_raw(turn["body"], turn.get("content_type", "application/json"))
         elif "status" in turn:
             self._send(turn["status"], {"error": {"message": turn["message"], "type": "scripted",
-                                                  "code": None}}, turn.get("headers"))
+                                                  "code": turn.get("code")}}, turn.get("headers"))
         else:
             self._send(200, completion(turn, body.get("model", "fake-model"), number))
 
@@ -121,6 +140,7 @@ class FakeOpenAI:
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.lock = threading.Lock()
+        self.released = threading.Event()      # ends every {"hang": True} request
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self._server.daemon_threads = True
         self._server.fake = self
@@ -136,6 +156,7 @@ class FakeOpenAI:
         return self
 
     def __exit__(self, *exc):
+        self.released.set()
         self._server.shutdown()
         self._server.server_close()
 

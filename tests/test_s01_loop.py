@@ -430,11 +430,18 @@ ERROR_CASES = [
 ]
 
 
+def no_retries(stage) -> list[str]:
+    """From s06 on, a 429, a 5xx or a dead endpoint is retried with real waits: the s01
+    behaviour (one error, one line) is what is left once the retries are used up."""
+    return ["--max-retries", "0"] if hasattr(stage, "API_MAX_RETRIES") else []
+
+
 @pytest.mark.parametrize("status,key,expected", ERROR_CASES)
 def test_endpoint_error_gives_one_line_and_nonzero_exit(stage, status, key, expected):
     with FakeOpenAI([http_error(status)]) as server:
         keys = {"OPENAI_API_KEY": key} if key else {}
-        result = run_against(stage, server, "-p", "hi", OPENAI_MODEL="fake-model", **keys)
+        result = run_against(stage, server, "-p", "hi", *no_retries(stage),
+                             OPENAI_MODEL="fake-model", **keys)
     assert result.returncode == 1
     lines = error_lines(result)
     assert len(lines) == 1 and expected in lines[0], result.stderr
@@ -443,7 +450,7 @@ def test_endpoint_error_gives_one_line_and_nonzero_exit(stage, status, key, expe
 
 def test_unreachable_endpoint_cli(stage):
     env = clean_env(OPENAI_BASE_URL=f"http://127.0.0.1:{unused_port()}/v1", OPENAI_API_KEY="x")
-    result = run_main(stage, "-p", "hi", env=env)
+    result = run_main(stage, "-p", "hi", *no_retries(stage), env=env)
     assert result.returncode == 1
     lines = error_lines(result)
     assert len(lines) == 1 and "Cannot reach the endpoint" in lines[0], result.stderr
@@ -452,7 +459,8 @@ def test_unreachable_endpoint_cli(stage):
 
 def test_repl_survives_an_endpoint_error(stage):
     with FakeOpenAI([http_error(500), reply("second answer")]) as server:
-        result = run_against(stage, server, stdin="first\nsecond\n", OPENAI_API_KEY="k")
+        result = run_against(stage, server, *no_retries(stage), stdin="first\nsecond\n",
+                             OPENAI_API_KEY="k")
     assert result.returncode == 0
     assert f"[model gpt-4o-mini at {server.url}/; /help for commands]" in result.stderr
     assert "server error (500)" in result.stderr
