@@ -1938,8 +1938,9 @@ def call_model(client, model: str, messages: list, tools: list,
             delay = backoff_delay(retries, error.retry_after, policy)
             asked = ", as Retry-After asks" if error.retry_after is not None else ""
             answer = f"HTTP {error.status}" if error.status else "no answer"
+            cancel = "; Ctrl-C cancels" if retries == 1 else ""   # no need to sit it out
             policy.notify(f"[{error.category} ({answer}): retry {retries} of "
-                          f"{policy.max_retries} in {delay:.2f} s{asked}]")
+                          f"{policy.max_retries} in {delay:.2f} s{asked}{cancel}]")
             policy.sleep(delay)
 
 
@@ -1950,7 +1951,9 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
     if policy.fallback_client is None:
         raise failure
     model = policy.fallback_model or model
-    policy.notify(f"[{policy.max_retries} retries used up: trying the fallback, {model} at "
+    used_up = {0: "no retries allowed", 1: "1 retry used up"}.get(
+        policy.max_retries, f"{policy.max_retries} retries used up")
+    policy.notify(f"[{used_up}: trying the fallback, {model} at "
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
@@ -2991,7 +2994,7 @@ def offline_failure(request: dict, failures: dict):
     if request.get("model") != "offline" or last.get("role") != "user" \
             or not 2 <= len(words) <= 3 or words[0] != "fail" or words[1] not in OFFLINE_FAILURES:
         return None
-    times = int(words[2]) if len(words) == 3 and words[2].isdigit() else 1
+    times = 1 if len(words) == 2 else int(words[2]) if words[2].isdecimal() else 0  # 0: refused
     key = (last["content"], sum(1 for m in messages if m == last))
     done = failures.get(key, 0)
     if done >= times:
@@ -3008,11 +3011,15 @@ def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
     verb, _, rest = text.partition(" ")
     if verb == "fail":
-        kind = rest.split()[0] if rest.split() else ""
-        if kind in OFFLINE_FAILURES:
-            return {"content": f"This answer got through: the endpoint failed ({kind}) as "
-                               f"asked, and the agent recovered."}
-        return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
+        words = rest.split()
+        kind = words[0] if words else ""
+        if kind not in OFFLINE_FAILURES:
+            return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
+        if words[1:] and not (len(words) == 2 and words[1].isdecimal() and int(words[1]) > 0):
+            return {"content": f"fail {kind} how many times? A count of 1 or more, e.g. "
+                               f"fail {kind} 3."}
+        return {"content": f"This answer got through: the endpoint failed ({kind}) as "
+                           f"asked, and the agent recovered."}
     plan = offline_plan(rest.strip())
     if plan is None or isinstance(plan[1], str):
         return {"content": "retry what? Try: retry $ ls no-such-file"}
@@ -3040,7 +3047,9 @@ def stubborn_rerun(messages: list, counter: list):
     counter[0] += 1
     if change:
         base = command.split(" # attempt ")[0]
-        function["arguments"] = json.dumps({"command": f"{base} # attempt {counter[0]}"})
+        start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        attempt = 1 + sum(m.get("role") == "assistant" for m in messages[start:])  # this turn
+        function["arguments"] = json.dumps({"command": f"{base} # attempt {attempt}"})
     return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
                                            "function": function}]}
 

@@ -40,9 +40,9 @@ Changes from s06
            MemoryWriteError, char_limit(), usage(), memory_call_problem(),
            entry_index(), memory_error(), read_entries(), read_memory_file(),
            memory_block(), shown_entries(), _ENDINGS, _SENDS, _SHARES, _EDITS,
-           _AGENT_FILE, _KEY_PREFIXES, _KEY_NAMES, STRICT_THREAT_PATTERNS,
-           show_memory(), COMMANDS['/memory'], new_demo_session(), demo_turn(),
-           demo_memory()
+           _AGENT_FILE, _KEY_PREFIXES, _KEY_NAMES, _SameClause,
+           STRICT_THREAT_PATTERNS, show_memory(), COMMANDS['/memory'],
+           new_demo_session(), demo_turn(), demo_memory()
     build_system_prompt()   adds the memory section after the tool guidance
     HELP_TEXT             /memory and the offline model's remember verb
     run_demo(), DEMO_INPUTS   save, look at disk and prompts, two refused writes
@@ -1924,8 +1924,9 @@ def call_model(client, model: str, messages: list, tools: list,
             delay = backoff_delay(retries, error.retry_after, policy)
             asked = ", as Retry-After asks" if error.retry_after is not None else ""
             answer = f"HTTP {error.status}" if error.status else "no answer"
+            cancel = "; Ctrl-C cancels" if retries == 1 else ""   # no need to sit it out
             policy.notify(f"[{error.category} ({answer}): retry {retries} of "
-                          f"{policy.max_retries} in {delay:.2f} s{asked}]")
+                          f"{policy.max_retries} in {delay:.2f} s{asked}{cancel}]")
             policy.sleep(delay)
 
 
@@ -1936,7 +1937,9 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
     if policy.fallback_client is None:
         raise failure
     model = policy.fallback_model or model
-    policy.notify(f"[{policy.max_retries} retries used up: trying the fallback, {model} at "
+    used_up = {0: "no retries allowed", 1: "1 retry used up"}.get(
+        policy.max_retries, f"{policy.max_retries} retries used up")
+    policy.notify(f"[{used_up}: trying the fallback, {model} at "
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
@@ -2289,7 +2292,9 @@ def find_memory_threats(text: str) -> list[str]:
     rules read the words folded, as s04's rules do, and also as written: folding moves
     a tag's inside to the end, so `<https://…>` would leave its line."""
     text = text[:_SCAN_MAX_CHARS]
-    normal = normalise_text(text)
+    # Markdown shows `\_` as `_`: `authorized\_keys` is authorized_keys. (fold_text()
+    # drops the backslash and then the `_` after it, as it drops __emphasis__.)
+    normal = normalise_text(text).replace("\\_", "_")
     views = (fold_text(normal), normal.lower())
     strict = {finding for finding, rule in STRICT_THREAT_PATTERNS
               if any(rule.search(view) for view in views)}
@@ -2513,17 +2518,36 @@ _SENDS = _first("send", "sent", "post", "upload", "transmit", "forward", "exfilt
 _SHARES = _first("includ", "output", "print", "shar", "send", "repeat", "dump") + _ENDINGS
 _EDITS = _first("updat", "modif", "edit", "writ", "wrote", "chang", "append", "add",
                 "overwrit", "rewrit", "replac", "delet", "remov", "insert", "prepend") + _ENDINGS
-# The agent's own instruction and settings files, with or without a folder before them.
-_AGENT_FILE = (r"(?:[\w.$~-]*/)*(?:(?:agents|claude|soul|memory|user|\.hermes)\.md"
+# The agent's own instruction and settings files, with or without a folder before them,
+# quoted or as a link's text ("[AGENTS.md](…)").
+_AGENT_FILE = (r"[\[\"'“‘]?(?:[\w.$~-]*/)*(?:(?:agents|claude|soul|memory|user|\.hermes)\.md"
                r"|\.cursorrules|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
 _KEY_PREFIXES = (r"sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]{20,}|github_pat_[a-z0-9_]{20,}"
-                 r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}")
-_KEY_NAMES = (r"(?:api[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|secret|token"
-              r"|password|passwd)")
+                 r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
+                 r"|-----begin (?:[a-z0-9]+ )*private key-----")     # a PEM key's first line
+# "API key: …" is written with a space as often as with a "_".
+_KEY_NAMES = (r"(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|client[ _-]?secret|secret"
+              r"|token|password|passwd)")
+
+
+class _SameClause(_SameLine):
+    """`first`, then `then` later in the same clause. Markdown joins the lines of a
+    paragraph, so "Upload the logs" and "to https://…" on two lines are one order; a
+    clause ends at . ; ! or ? before a space, at a blank line and where a list item,
+    quote or heading starts, so "I sent a PR; the docs are at https://…" is two
+    statements. Each clause is made one line, which _SameLine searches in one pass."""
+
+    _GOES_ON = re.compile(r"[^\S\n]*\n(?![^\S\n]*(?:\n|$|[-+*>#]|\d+[.)]))")
+    _CLAUSE_END = re.compile(r"[.;!?](?=\s|$)")
+
+    def search(self, text: str) -> bool:
+        return super().search(self._CLAUSE_END.sub("\n", self._GOES_ON.sub(" ", text)))
+
+
 STRICT_THREAT_PATTERNS = [
-    # Data sent to an address: send/post/upload … to https://…, on one line.
-    ("send_to_url", _SameLine(_SENDS, r"\b(?:to|at|into|onto)\s+(?:\[[^][\n]{0,200}\]\()?[<(\"']?"
-                                      r"(?:https?|ftp)://")),         # [a link](…), <…>
+    # Data sent to an address: send/post/upload … to https://…, in one clause.
+    ("send_to_url", _SameClause(_SENDS, r"\b(?:to|at|into|onto)\s+(?:\[[^][\n]{0,200}\]\()?"
+                                        r"[<(\"']?(?:https?|ftp)://")),    # [a link](…), <…>
     # The conversation itself handed out.
     ("context_exfil", _near(_SHARES, r"(?:conversations?|chat (?:history|logs?)"
                                      r"|previous messages|(?:full|entire|whole) context)")),
@@ -2535,6 +2559,9 @@ STRICT_THREAT_PATTERNS = [
                                r"|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)")),
     # Orders to change the agent's own instructions or settings.
     ("agent_config_mod", _near(_EDITS, _AGENT_FILE)),
+    # … or as a shell command: `echo … >> AGENTS.md`, `… | tee -a SOUL.md`. (A line that
+    # starts with ">" is a Markdown quote, not a redirection.)
+    ("agent_config_mod", re.compile(r"(?:[^\s>] ?>>?|\btee(?: -a)?) ?" + _AGENT_FILE + r"\b")),
     # A secret written out: a known key format, or a long value after a key's name.
     ("hardcoded_secret", re.compile(rf"(?<![a-z0-9])(?:{_KEY_PREFIXES})")),
     ("hardcoded_secret", re.compile(_KEY_NAMES + r"[\"']?\s*[:=]\s*[\"']?[a-z0-9+/=_.-]{20,}")),
@@ -3351,7 +3378,7 @@ def offline_failure(request: dict, failures: dict):
     if request.get("model") != "offline" or last.get("role") != "user" \
             or not 2 <= len(words) <= 3 or words[0] != "fail" or words[1] not in OFFLINE_FAILURES:
         return None
-    times = int(words[2]) if len(words) == 3 and words[2].isdigit() else 1
+    times = 1 if len(words) == 2 else int(words[2]) if words[2].isdecimal() else 0  # 0: refused
     key = (last["content"], sum(1 for m in messages if m == last))
     done = failures.get(key, 0)
     if done >= times:
@@ -3368,11 +3395,15 @@ def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
     verb, _, rest = text.partition(" ")
     if verb == "fail":
-        kind = rest.split()[0] if rest.split() else ""
-        if kind in OFFLINE_FAILURES:
-            return {"content": f"This answer got through: the endpoint failed ({kind}) as "
-                               f"asked, and the agent recovered."}
-        return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
+        words = rest.split()
+        kind = words[0] if words else ""
+        if kind not in OFFLINE_FAILURES:
+            return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
+        if words[1:] and not (len(words) == 2 and words[1].isdecimal() and int(words[1]) > 0):
+            return {"content": f"fail {kind} how many times? A count of 1 or more, e.g. "
+                               f"fail {kind} 3."}
+        return {"content": f"This answer got through: the endpoint failed ({kind}) as "
+                           f"asked, and the agent recovered."}
     plan = offline_plan(rest.strip())
     if plan is None or isinstance(plan[1], str):
         return {"content": "retry what? Try: retry $ ls no-such-file"}
@@ -3400,7 +3431,9 @@ def stubborn_rerun(messages: list, counter: list):
     counter[0] += 1
     if change:
         base = command.split(" # attempt ")[0]
-        function["arguments"] = json.dumps({"command": f"{base} # attempt {counter[0]}"})
+        start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        attempt = 1 + sum(m.get("role") == "assistant" for m in messages[start:])  # this turn
+        function["arguments"] = json.dumps({"command": f"{base} # attempt {attempt}"})
     return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
                                            "function": function}]}
 

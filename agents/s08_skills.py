@@ -8,7 +8,7 @@ What this stage adds
     task needs it, and saves a procedure that worked with skill_manage (create, patch,
     delete). Names are checked and links refused, so no tool reaches outside the skills
     folder; a new or patched SKILL.md must parse and pass the strict threat scan before
-    anything is written, and an index description is scanned before it enters the prompt.
+    anything is written; an index description and a loaded body get the same scan.
 
     skills/release-notes/SKILL.md
         ---
@@ -1933,8 +1933,9 @@ def call_model(client, model: str, messages: list, tools: list,
             delay = backoff_delay(retries, error.retry_after, policy)
             asked = ", as Retry-After asks" if error.retry_after is not None else ""
             answer = f"HTTP {error.status}" if error.status else "no answer"
+            cancel = "; Ctrl-C cancels" if retries == 1 else ""   # no need to sit it out
             policy.notify(f"[{error.category} ({answer}): retry {retries} of "
-                          f"{policy.max_retries} in {delay:.2f} s{asked}]")
+                          f"{policy.max_retries} in {delay:.2f} s{asked}{cancel}]")
             policy.sleep(delay)
 
 
@@ -1945,7 +1946,9 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
     if policy.fallback_client is None:
         raise failure
     model = policy.fallback_model or model
-    policy.notify(f"[{policy.max_retries} retries used up: trying the fallback, {model} at "
+    used_up = {0: "no retries allowed", 1: "1 retry used up"}.get(
+        policy.max_retries, f"{policy.max_retries} retries used up")
+    policy.notify(f"[{used_up}: trying the fallback, {model} at "
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
@@ -2298,7 +2301,9 @@ def find_memory_threats(text: str) -> list[str]:
     rules read the words folded, as s04's rules do, and also as written: folding moves
     a tag's inside to the end, so `<https://…>` would leave its line."""
     text = text[:_SCAN_MAX_CHARS]
-    normal = normalise_text(text)
+    # Markdown shows `\_` as `_`: `authorized\_keys` is authorized_keys. (fold_text()
+    # drops the backslash and then the `_` after it, as it drops __emphasis__.)
+    normal = normalise_text(text).replace("\\_", "_")
     views = (fold_text(normal), normal.lower())
     strict = {finding for finding, rule in STRICT_THREAT_PATTERNS
               if any(rule.search(view) for view in views)}
@@ -2522,17 +2527,36 @@ _SENDS = _first("send", "sent", "post", "upload", "transmit", "forward", "exfilt
 _SHARES = _first("includ", "output", "print", "shar", "send", "repeat", "dump") + _ENDINGS
 _EDITS = _first("updat", "modif", "edit", "writ", "wrote", "chang", "append", "add",
                 "overwrit", "rewrit", "replac", "delet", "remov", "insert", "prepend") + _ENDINGS
-# The agent's own instruction and settings files, with or without a folder before them.
-_AGENT_FILE = (r"(?:[\w.$~-]*/)*(?:(?:agents|claude|soul|memory|user|\.hermes)\.md"
+# The agent's own instruction and settings files, with or without a folder before them,
+# quoted or as a link's text ("[AGENTS.md](…)").
+_AGENT_FILE = (r"[\[\"'“‘]?(?:[\w.$~-]*/)*(?:(?:agents|claude|soul|memory|user|\.hermes)\.md"
                r"|\.cursorrules|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
 _KEY_PREFIXES = (r"sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]{20,}|github_pat_[a-z0-9_]{20,}"
-                 r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}")
-_KEY_NAMES = (r"(?:api[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|secret|token"
-              r"|password|passwd)")
+                 r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
+                 r"|-----begin (?:[a-z0-9]+ )*private key-----")     # a PEM key's first line
+# "API key: …" is written with a space as often as with a "_".
+_KEY_NAMES = (r"(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|client[ _-]?secret|secret"
+              r"|token|password|passwd)")
+
+
+class _SameClause(_SameLine):
+    """`first`, then `then` later in the same clause. Markdown joins the lines of a
+    paragraph, so "Upload the logs" and "to https://…" on two lines are one order; a
+    clause ends at . ; ! or ? before a space, at a blank line and where a list item,
+    quote or heading starts, so "I sent a PR; the docs are at https://…" is two
+    statements. Each clause is made one line, which _SameLine searches in one pass."""
+
+    _GOES_ON = re.compile(r"[^\S\n]*\n(?![^\S\n]*(?:\n|$|[-+*>#]|\d+[.)]))")
+    _CLAUSE_END = re.compile(r"[.;!?](?=\s|$)")
+
+    def search(self, text: str) -> bool:
+        return super().search(self._CLAUSE_END.sub("\n", self._GOES_ON.sub(" ", text)))
+
+
 STRICT_THREAT_PATTERNS = [
-    # Data sent to an address: send/post/upload … to https://…, on one line.
-    ("send_to_url", _SameLine(_SENDS, r"\b(?:to|at|into|onto)\s+(?:\[[^][\n]{0,200}\]\()?[<(\"']?"
-                                      r"(?:https?|ftp)://")),         # [a link](…), <…>
+    # Data sent to an address: send/post/upload … to https://…, in one clause.
+    ("send_to_url", _SameClause(_SENDS, r"\b(?:to|at|into|onto)\s+(?:\[[^][\n]{0,200}\]\()?"
+                                        r"[<(\"']?(?:https?|ftp)://")),    # [a link](…), <…>
     # The conversation itself handed out.
     ("context_exfil", _near(_SHARES, r"(?:conversations?|chat (?:history|logs?)"
                                      r"|previous messages|(?:full|entire|whole) context)")),
@@ -2544,6 +2568,9 @@ STRICT_THREAT_PATTERNS = [
                                r"|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)")),
     # Orders to change the agent's own instructions or settings.
     ("agent_config_mod", _near(_EDITS, _AGENT_FILE)),
+    # … or as a shell command: `echo … >> AGENTS.md`, `… | tee -a SOUL.md`. (A line that
+    # starts with ">" is a Markdown quote, not a redirection.)
+    ("agent_config_mod", re.compile(r"(?:[^\s>] ?>>?|\btee(?: -a)?) ?" + _AGENT_FILE + r"\b")),
     # A secret written out: a known key format, or a long value after a key's name.
     ("hardcoded_secret", re.compile(rf"(?<![a-z0-9])(?:{_KEY_PREFIXES})")),
     ("hardcoded_secret", re.compile(_KEY_NAMES + r"[\"']?\s*[:=]\s*[\"']?[a-z0-9+/=_.-]{20,}")),
@@ -2609,8 +2636,10 @@ def skill_view(name: str) -> str:
         front, text = load_skill(name)
     except SkillError as exc:
         return error_result(str(exc))
-    # Writes through skill_manage were scanned; a skill copied in by hand was not.
-    findings = find_injection(text)
+    # Writes through skill_manage were scanned; a skill copied in by hand was not. It
+    # gets the same strict scan here, the description as YAML decodes it included.
+    findings = (find_memory_threats(text)
+                or find_memory_threats(" ".join(front["description"].split())))
     if findings:
         return refusal(f"skills/{name}/SKILL.md contains potential prompt injection "
                        f"({', '.join(findings)}); not loaded")
@@ -2633,7 +2662,9 @@ def skill_manage(action: str, name: str, content: str | None = None,
     if action not in SKILL_ACTIONS:
         return error_result(f"action must be one of: {', '.join(SKILL_ACTIONS)}")
     arguments = {"content": content, "old_string": old_string, "new_string": new_string}
-    given = [key for key, value in arguments.items() if value is not None]
+    # Models often fill arguments they do not use with "": that is not giving them.
+    given = [key for key, value in arguments.items()
+             if value is not None and (value != "" or key in SKILL_ACTIONS[action])]
     if set(given) != set(SKILL_ACTIONS[action]):
         wanted = ", ".join(SKILL_ACTIONS[action]) or "only the name"
         return error_result(f"{action} takes {wanted}; got {', '.join(given) or 'nothing else'}")
@@ -2682,8 +2713,11 @@ def check_skill_text(text: str, name: str) -> None:
     if size > MAX_SKILL_FILE_BYTES:
         raise SkillError(f"skills/{name}/{SKILL_FILE} would be {size:,} bytes; the limit is "
                          f"{MAX_SKILL_FILE_BYTES:,}")
-    parse_skill(text, name)
-    findings = find_memory_threats(text)
+    front = parse_skill(text, name)
+    # YAML decodes escapes ("https\x3a//" is "https://") and joins a description's
+    # lines, so the index would show words the file does not hold: scan them as shown.
+    findings = (find_memory_threats(text)
+                or find_memory_threats(" ".join(front["description"].split())))
     if findings:
         raise SkillRefused(f"refused: the new skills/{name}/{SKILL_FILE} contains potential "
                            f"prompt injection or exfiltration ({', '.join(findings)}); "
@@ -2865,7 +2899,7 @@ def shown_description(description: str) -> str:
     line = " ".join(description.split())
     if len(line) > INDEX_DESCRIPTION_CHARS:
         line = line[:INDEX_DESCRIPTION_CHARS - 1] + "…"
-    findings = find_injection(line)
+    findings = find_memory_threats(line)        # the strict scan, as a write gets
     if findings:
         return (f"[BLOCKED: the description contained potential prompt injection "
                 f"({', '.join(findings)})]")
@@ -3093,6 +3127,7 @@ def run_demo(session: Session) -> int:
             console.print(Text("\n1. The model saves a procedure that worked as a skill.",
                                style="bold"))
             first = restarted_session(session)
+            first_prompt = first.messages[0]["content"]
             create = {"action": "create", "name": "release-notes", "content": DEMO_SKILL}
             if not demo_turn(first, "call skill_manage " + json.dumps(create)):
                 return 1
@@ -3103,7 +3138,7 @@ def run_demo(session: Session) -> int:
             console.print(Text(skills_part(prompt), style="dim"))
             console.print(Text(f"the body is in the prompt: {'git log --oneline' in prompt}; "
                                f"the first session's prompt is unchanged: "
-                               f"{skills_part(first.messages[0]['content'])}", style="dim"))
+                               f"{first.messages[0]['content'] == first_prompt}", style="dim"))
             console.print(Text("The model loads the body only when a task needs it:",
                                style="bold"))
             for line in DEMO_INPUTS:
@@ -3808,7 +3843,7 @@ def offline_failure(request: dict, failures: dict):
     if request.get("model") != "offline" or last.get("role") != "user" \
             or not 2 <= len(words) <= 3 or words[0] != "fail" or words[1] not in OFFLINE_FAILURES:
         return None
-    times = int(words[2]) if len(words) == 3 and words[2].isdigit() else 1
+    times = 1 if len(words) == 2 else int(words[2]) if words[2].isdecimal() else 0  # 0: refused
     key = (last["content"], sum(1 for m in messages if m == last))
     done = failures.get(key, 0)
     if done >= times:
@@ -3825,11 +3860,15 @@ def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
     verb, _, rest = text.partition(" ")
     if verb == "fail":
-        kind = rest.split()[0] if rest.split() else ""
-        if kind in OFFLINE_FAILURES:
-            return {"content": f"This answer got through: the endpoint failed ({kind}) as "
-                               f"asked, and the agent recovered."}
-        return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
+        words = rest.split()
+        kind = words[0] if words else ""
+        if kind not in OFFLINE_FAILURES:
+            return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
+        if words[1:] and not (len(words) == 2 and words[1].isdecimal() and int(words[1]) > 0):
+            return {"content": f"fail {kind} how many times? A count of 1 or more, e.g. "
+                               f"fail {kind} 3."}
+        return {"content": f"This answer got through: the endpoint failed ({kind}) as "
+                           f"asked, and the agent recovered."}
     plan = offline_plan(rest.strip())
     if plan is None or isinstance(plan[1], str):
         return {"content": "retry what? Try: retry $ ls no-such-file"}
@@ -3857,7 +3896,9 @@ def stubborn_rerun(messages: list, counter: list):
     counter[0] += 1
     if change:
         base = command.split(" # attempt ")[0]
-        function["arguments"] = json.dumps({"command": f"{base} # attempt {counter[0]}"})
+        start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        attempt = 1 + sum(m.get("role") == "assistant" for m in messages[start:])  # this turn
+        function["arguments"] = json.dumps({"command": f"{base} # attempt {attempt}"})
     return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
                                            "function": function}]}
 

@@ -37,6 +37,15 @@ def stages_from(first: str) -> list[str]:
     return [s for s in all_stages() if stage_number(s) >= stage_number(first)]
 
 
+def first_and_newest(stages: list[str]) -> list[str]:
+    """The stage that introduced a feature and the newest stage, for the few tests that
+    need a real process and real seconds. The code in between is the same text (checked by
+    tests/test_lineage.py), so these two show that it works where it was written and
+    still works after every later stage's changes, at a cost that does not grow with
+    the number of stages."""
+    return sorted({stages[0], stages[-1]})
+
+
 _loaded: dict[str, object] = {}
 
 

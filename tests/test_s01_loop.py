@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
-from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, pid_in_file,
-                     pid_of_running_command, repl_output, run_main, stages_from, start_agent,
-                     type_line)
+from helpers import (clean_env, first_and_newest, fresh_stage, load_stage, pairing_problems,
+                     pid_in_file, pid_of_running_command, repl_output, run_main, stages_from,
+                     start_agent, type_line)
 
 STAGES = stages_from("s01")
 
@@ -292,8 +292,11 @@ def test_terminal_returns_output_and_exit_code(stage, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
-def test_timeout_kills_a_term_ignoring_child_and_its_grandchildren(stage, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
+def test_timeout_kills_a_term_ignoring_child_and_its_grandchildren(stage_name, tmp_path,
+                                                                   monkeypatch):
     monkeypatch.chdir(tmp_path)
+    stage = load_stage(stage_name)
     script = ("trap '' TERM; "
               "(trap '' TERM; echo $$ > /dev/null; sh -c 'echo $$ > grandchild.pid; "
               "trap \"\" TERM; sleep 30; touch survived' ) & "
@@ -307,7 +310,7 @@ def test_timeout_kills_a_term_ignoring_child_and_its_grandchildren(stage, tmp_pa
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
-@pytest.mark.parametrize("stage_name", STAGES)
+@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
 def test_a_timeout_is_not_held_up_by_processes_that_escaped_the_group(stage_name, tmp_path,
                                                                       monkeypatch):
     """`setsid` takes a process out of the command's group, so the kill misses it. One
@@ -521,7 +524,7 @@ def test_shown_arguments_at_the_limit(stage, extra):
     assert stage.shown_arguments(arguments) == expected
 
 
-@pytest.mark.parametrize("stage_name", STAGES)
+@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
 def test_a_real_process_survives_ctrl_c_and_raw_bytes_and_ends_on_sigterm(stage_name, tmp_path):
     """What only a real process shows, as one learner's session: Ctrl-C cancels a running
     command and keeps the REPL; input bytes that are not UTF-8 become �; SIGTERM (a

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
-from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, pid_of_running_command,
-                     run_main, stages_from, start_agent, type_line)
+from helpers import (clean_env, first_and_newest, fresh_stage, load_stage, pairing_problems,
+                     pid_of_running_command, run_main, stages_from, start_agent, type_line)
 
 STAGES = stages_from("s03")
 
@@ -499,7 +499,7 @@ def test_a_ctrl_c_right_after_a_commit_cannot_save_a_message_twice(stage, db_pat
 
 # ── Ctrl-C, held down: a real process, because only a real process gets signals ──
 
-@pytest.mark.parametrize("stage_name", STAGES)
+@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
 def test_six_quick_ctrl_cs_cancel_once_and_the_session_stays_valid(stage_name, tmp_path):
     home = tmp_path / "home"
     proc = start_agent(stage_name, tmp_path, home)

@@ -217,7 +217,8 @@ def test_retries_what_may_work_later_then_answers(stage):
         assert ask(stage, server, policy) == "at last"
     assert len(server.requests) == 4
     assert sleeps == [1.0, 4.0, 8.0]            # Retry-After, then the backoff's 2nd and 3rd
-    assert notes == ["[rate_limit (HTTP 429): retry 1 of 3 in 1.00 s, as Retry-After asks]",
+    assert notes == ["[rate_limit (HTTP 429): retry 1 of 3 in 1.00 s, as Retry-After asks; "
+                     "Ctrl-C cancels]",                 # the first wait says how to stop it
                      "[server (HTTP 500): retry 2 of 3 in 4.00 s]",
                      "[connection (no answer): retry 3 of 3 in 8.00 s]"]
 
@@ -274,6 +275,17 @@ def test_the_fallback_is_tried_once_when_the_retries_are_used_up(stage):
     assert spare.requests[0]["messages"] == server.requests[0]["messages"]
     assert len(sleeps) == 3
     assert notes[-1] == f"[3 retries used up: trying the fallback, backup at {spare.url}/, once]"
+
+
+@pytest.mark.parametrize("max_retries, used_up", [(1, "1 retry used up"),
+                                                  (0, "no retries allowed")])
+def test_the_fallback_note_counts_in_words(stage, max_retries, used_up):
+    with FakeOpenAI([http_error(503)] * 2) as server, FakeOpenAI([reply("ok")]) as spare:
+        policy, _, notes = recording_policy(stage, max_retries=max_retries,
+                                            fallback_client=client_for(spare),
+                                            fallback_model="backup")
+        assert ask(stage, server, policy) == "ok"
+    assert notes[-1] == f"[{used_up}: trying the fallback, backup at {spare.url}/, once]"
 
 
 def test_a_fallback_model_on_the_same_endpoint(stage):
@@ -397,7 +409,7 @@ def test_p_retries_and_answers(stage_name):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "fine"
     assert error_lines(result) == [
-        "[rate_limit (HTTP 429): retry 1 of 3 in 0.00 s, as Retry-After asks]"]
+        "[rate_limit (HTTP 429): retry 1 of 3 in 0.00 s, as Retry-After asks; Ctrl-C cancels]"]
 
 
 def test_max_retries_flag(stage_name):
@@ -772,12 +784,23 @@ def test_calls_the_door_rejects_are_not_counted(stage, workdir):
 def test_offline_fail_verb_retries_and_answers(stage_name, tmp_path):
     result = run_main(stage_name, stdin="fail rate_limit\nfail bogus\n", cwd=tmp_path)
     assert result.returncode == 0
-    assert "[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks]" in \
-        result.stderr
+    assert "[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks; Ctrl-C " \
+        "cancels]" in result.stderr
     answer = repl_output(result.stdout, f"{stage_name[:3]}> ", "fail rate_limit")
     assert answer == ("This answer got through: the endpoint failed (rate_limit) as asked, "
                       "and the agent recovered.")
     assert "fail what? Kinds: rate_limit, billing, auth" in result.stdout
+
+
+def test_offline_fail_verb_refuses_a_count_below_one(stage_name, tmp_path):
+    counts = ("0", "-1", "x", "2 3")
+    result = run_main(stage_name, stdin="".join(f"fail server {n}\n" for n in counts),
+                      cwd=tmp_path)
+    assert result.returncode == 0
+    for n in counts:                                # nothing failed, so nothing recovered
+        assert repl_output(result.stdout, f"{stage_name[:3]}> ", f"fail server {n}") == \
+            "fail server how many times? A count of 1 or more, e.g. fail server 3."
+    assert "retry" not in result.stderr                 # -1 is not "once"
 
 
 def test_offline_failures_retrying_cannot_fix(stage_name, tmp_path):
@@ -811,7 +834,8 @@ def test_offline_failure_counts_per_request(stage):
     assert stage.offline_failure({"model": "offline-backup", "messages": [hi]}, {}) is None
     for last in ({"role": "assistant", "content": "fail server"}, "fail server"):
         assert stage.offline_failure({"model": "offline", "messages": [hi, last]}, {}) is None
-    for text in ("fail", "fail nothing", "fail server 2 3", "say fail server"):
+    for text in ("fail", "fail nothing", "fail server 2 3", "say fail server", "fail server 0",
+                 "fail server -1"):
         message = {"role": "user", "content": text}
         assert stage.offline_failure({"model": "offline", "messages": [message]}, {}) is None
     drop = {"model": "offline", "messages": [{"role": "user", "content": "fail connection"}]}
@@ -831,6 +855,11 @@ def test_offline_retry_verb_loops_until_the_guardrail_halts(stage_name, tmp_path
     assert "same_tool_failure_warning; count=6" in out
     assert out.rstrip().endswith("ended this turn (same_tool_failure_halt). Read the errors "
                                  "above, then ask again with another approach.]")
+
+
+def test_offline_retry_counts_attempts_per_turn(stage_name, tmp_path):
+    result = run_main(stage_name, stdin="retry $ ls no-such-file\n" * 2, cwd=tmp_path)
+    assert re.findall(r"# attempt (\d+)", result.stdout) == ["7", "8", "9"] * 2
 
 
 def test_offline_retry_of_a_read_stops_at_the_block(stage_name, tmp_path):
@@ -857,8 +886,9 @@ def test_the_demo_shows_recovery_guardrails_and_the_budget(stage_name, tmp_path)
                       env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h")))
     assert result.returncode == 0, result.stderr
     shown = result.stdout + result.stderr
-    for line in ("[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks]",
-                 "[connection (no answer): retry 1 of 3 in 0.01 s]",
+    for line in ("[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks; "
+                 "Ctrl-C cancels]",
+                 "[connection (no answer): retry 1 of 3 in 0.01 s; Ctrl-C cancels]",
                  "[server (HTTP 500): retry 3 of 3 in 0.0",
                  "[3 retries used up: trying the fallback, offline-backup at http://127.0.0.1:",
                  "needs a key (401)",

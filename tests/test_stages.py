@@ -66,11 +66,11 @@ DEMO_PROMISES = {
         "(threshold 500): pruned 0 tool output(s), summarised 5 message(s)]",
         "One summary replaced the middle:\n- The user asked: $ seq -s ' ' 101 200",
         "- The user asked: $ seq -s ' ' 201 300\n- Called terminal",
-        "the session store holds all 21, the full record:",
+        "the session store holds all 21, the full record; resuming loads them all:",
         ": 21 messages]",
     ],
     "s06_error_recovery": [
-        "[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks]",
+        "[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks; Ctrl-C cancels]",
         "[3 retries used up: trying the fallback, offline-backup at http://127.0.0.1:",
         "This answer got through: the endpoint failed (server) as asked",
         "(401)",
@@ -93,8 +93,7 @@ DEMO_PROMISES = {
     "s08_skills": [
         "Skill 'release-notes' created: 287 bytes in skills/release-notes/SKILL.md.",
         "- release-notes: Write release notes for a new version from the git log.",
-        "the body is in the prompt: False; the first session's prompt is unchanged: "
-        "(no skills part)",
+        "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "I loaded the skill 'release-notes' and will follow it:\n# Release notes\n"
         "1. List the changes: git log --oneline <last tag>..HEAD",
         "invalid skill name '../../.ssh'",
