@@ -36,7 +36,8 @@ Changes from s07
            MAX_SKILLS_LISTED, MAX_SUPPORTING_FILES, SKILLS_GUIDANCE, SkillError,
            SkillRefused, skills_index_section(), skills_list(), skill_view(),
            SKILL_ACTIONS, skill_manage(), skill_folder(), skill_file(),
-           check_skill_text(), create_skill(), patch_skill(), delete_skill(),
+           check_skill_text(), skill_threats(), create_skill(), patch_skill(),
+           delete_skill(),
            SKILLS_LIST_ENTRY, SKILL_VIEW_ENTRY, SKILL_MANAGE_ENTRY,
            REGISTRY.register(SKILLS_LIST_ENTRY), REGISTRY.register(SKILL_VIEW_ENTRY),
            REGISTRY.register(SKILL_MANAGE_ENTRY), REQUIRED_ENV_KEY, ENV_VARIABLE_NAME,
@@ -2636,10 +2637,9 @@ def skill_view(name: str) -> str:
         front, text = load_skill(name)
     except SkillError as exc:
         return error_result(str(exc))
-    # Writes through skill_manage were scanned; a skill copied in by hand was not. It
-    # gets the same strict scan here, the description as YAML decodes it included.
-    findings = (find_memory_threats(text)
-                or find_memory_threats(" ".join(front["description"].split())))
+    # Writes through skill_manage were scanned; a skill copied in by hand was not: it
+    # gets the same strict scan here.
+    findings = skill_threats(text, front)
     if findings:
         return refusal(f"skills/{name}/SKILL.md contains potential prompt injection "
                        f"({', '.join(findings)}); not loaded")
@@ -2714,14 +2714,19 @@ def check_skill_text(text: str, name: str) -> None:
         raise SkillError(f"skills/{name}/{SKILL_FILE} would be {size:,} bytes; the limit is "
                          f"{MAX_SKILL_FILE_BYTES:,}")
     front = parse_skill(text, name)
-    # YAML decodes escapes ("https\x3a//" is "https://") and joins a description's
-    # lines, so the index would show words the file does not hold: scan them as shown.
-    findings = (find_memory_threats(text)
-                or find_memory_threats(" ".join(front["description"].split())))
+    findings = skill_threats(text, front)
     if findings:
         raise SkillRefused(f"refused: the new skills/{name}/{SKILL_FILE} contains potential "
                            f"prompt injection or exfiltration ({', '.join(findings)}); "
                            f"nothing was written")
+
+
+def skill_threats(text: str, front: dict) -> list[str]:
+    """The strict scan (s07) of a SKILL.md as written, and of its description as the
+    index shows it: YAML decodes escapes ("https\x3a//" is "https://") and joins a
+    description's lines, so the index would show words the file does not hold."""
+    return (find_memory_threats(text)
+            or find_memory_threats(" ".join(front["description"].split())))
 
 
 def create_skill(name: str, content: str) -> str:

@@ -126,7 +126,7 @@ LINEAGE = {
                   "MAX_SKILLS_LISTED", "MAX_SUPPORTING_FILES", "SKILLS_GUIDANCE", "SkillError",
                   "SkillRefused", "skills_index_section", "skills_list", "skill_view",
                   "SKILL_ACTIONS", "skill_manage", "skill_folder", "skill_file",
-                  "check_skill_text", "create_skill", "patch_skill", "delete_skill",
+                  "check_skill_text", "skill_threats", "create_skill", "patch_skill", "delete_skill",
                   "SKILLS_LIST_ENTRY", "SKILL_VIEW_ENTRY", "SKILL_MANAGE_ENTRY",
                   "<REGISTRY.register(SKILLS_LIST_ENTRY)>", "<REGISTRY.register(SKILL_VIEW_ENTRY)>",
                   "<REGISTRY.register(SKILL_MANAGE_ENTRY)>", "REQUIRED_ENV_KEY",
