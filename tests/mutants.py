@@ -164,11 +164,12 @@ def is_real_change(mutant: Mutant, source: bytes, original: str) -> bool:
 
 # ── running the tests against a mutant ──────────────────────────────────────
 
-def tests_of(stage: str) -> Path:
+def tests_of(stage: str) -> list[Path]:
+    """The stage's own test files: tests/test_sNN_*.py (s09 has several)."""
     matches = sorted(TESTS.glob(f"test_{stage[:3]}_*.py"))
-    if len(matches) != 1:
-        sys.exit(f"mutants: expected one tests/test_{stage[:3]}_*.py, found {len(matches)}")
-    return matches[0]
+    if not matches:
+        sys.exit(f"mutants: no tests/test_{stage[:3]}_*.py")
+    return matches
 
 
 def run_tests(stage: str, source: bytes, timeout: float, options: list[str]) -> tuple[int, str]:
@@ -181,7 +182,7 @@ def run_tests(stage: str, source: bytes, timeout: float, options: list[str]) -> 
         env = {**os.environ, "LEARN_HERMES_AGENTS_DIR": str(agents), "PYTHONDONTWRITEBYTECODE": "1"}
         # Without the notebook plugin (pyproject's addopts asks for it): importing it
         # costs seconds per run, and no notebook is run here.
-        command = [sys.executable, "-m", "pytest", str(tests_of(stage)), "-k", stage[:3], "-q",
+        command = [sys.executable, "-m", "pytest", *map(str, tests_of(stage)), "-k", stage[:3], "-q",
                    "-p", "no:cacheprovider", "-n", "0", "-o", "addopts=", "-p", "no:nbmake",
                    *options]
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -203,7 +204,7 @@ def failing_tests(stage: str, source: bytes) -> tuple[list[str], float]:
     failing = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in output.splitlines()
                if line.startswith(("FAILED ", "ERROR "))]
     if code not in (0, 1) or (code == 1 and not failing):
-        sys.exit(f"mutants: {tests_of(stage).name} does not run (exit code {code}):\n{output}")
+        sys.exit(f"mutants: {', '.join(p.name for p in tests_of(stage))} do not run (exit code {code}):\n{output}")
     return failing, time.monotonic() - started
 
 

@@ -821,7 +821,9 @@ def test_a_long_skill_is_summarised_in_six_lines(stage):
     assert stage.skill_summary({"output": "x"}) is None
 
 
-def test_the_demo_shows_the_index_the_body_and_the_refusals(stage, tmp_path, home):
+@pytest.mark.parametrize("stage_name", ["s08_skills"])     # later stages have their own demo
+def test_the_demo_shows_the_index_the_body_and_the_refusals(stage_name, tmp_path, home):
+    stage = load_stage(stage_name)
     result = run(stage, "--demo", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout

@@ -27,6 +27,7 @@ STAGE_FLAGS = {
     "s06_error_recovery": ["--max-retries", "--fallback-model", "--fallback-base-url"],
     "s07_memory": [],
     "s08_skills": [],
+    "s09_permission_system": ["--yolo", "--approval-mode", "--approval-timeout", "--write-root"],
 }
 
 # What each stage's --demo promises to show (read its run_demo): evidence that the
@@ -102,6 +103,23 @@ DEMO_PROMISES = {
         "- friendly-reviewer: [BLOCKED: the description contained potential prompt injection "
         "(role_change)]",
         "Not usable: skills/broken/SKILL.md: 'description' is missing or empty",
+    ],
+    "s09_permission_system": [
+        "s09> $ mkdir -p build/cache && ls -F\n  → terminal {\"command\": \"mkdir -p build/cache "
+        "&& ls -F\"}\n  ← exit 0\n    build/",
+        "approval needed",
+        "[o]nce [s]ession [a]lways [d]eny",
+        "    denied: no terminal to ask on (input is not a TTY)",
+        "build still exists: True",
+        "[approved without asking: YOLO is on (--yolo);",
+        "    stub rm: -rf ./build",
+        "s09> $ rm -rf /\n  → terminal {\"command\": \"rm -rf /\"}\n  ←\n    BLOCKED (hardline): ",
+        "s09> $ ｒｍ -rf /\n  → terminal {\"command\": \"\\uff52\\uff4d -rf /\"}\n  ←\n"
+        "    BLOCKED (hardline): ",
+        "    BLOCKED (self-protection): this command may write ",
+        "    write refused: ~/.ssh/authorized_keys is under ~/.ssh (SSH keys and config). "
+        "Nothing was written.",
+        "~/.ssh/authorized_keys exists: False",
     ],
 }
 
