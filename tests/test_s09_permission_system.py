@@ -970,18 +970,24 @@ NAMED_FORMS = [
     "cd ~/.{learn-hermes,x} && tar xf /tmp/a.tar",
     "cd st && tar xf /tmp/a.tar",
     "rsync /tmp/allowlist.json st/allow*",
+    "rsync /tmp/a st/new.json",
+    "tar xf /tmp/a.tar -C ~/st",
+    "tar xf /tmp/a.tar -C $HOME/st",
+    "rg ${X:---pre=sh} x ~/.learn-hermes",
     "find ~/.learn-hermes -\"exec\" cp /tmp/a {} \\;",
     "find ~/.learn-hermes ${X:--exec} cp /tmp/a {} \\;",
 ]
 NAMED_FORM_PROGRAMS = ("rsync", "tar", "unzip", "wget", "mv", "find", "xargs", "ls", "cp",
-                       "uniq", "awk", "patch", "ed", "ex", "vim", "openssl", "at", "crontab")
+                       "uniq", "awk", "patch", "ed", "ex", "vim", "openssl", "at", "crontab",
+                       "rg")
 
 
 @pytest.mark.parametrize("command", NAMED_FORMS)
 def test_commands_naming_the_policy_or_its_folder_are_blocked(stage, gate, state, work,
                                                               command):
     stub(work, *NAMED_FORM_PROGRAMS)
-    (work / "st").symlink_to(state)                 # a link the model made earlier
+    (work / "st").symlink_to(state)                 # links the model made earlier
+    (Path.home() / "st").symlink_to(state)
     command = command.replace("{state}", str(state))
     for permissions in (stage.Permissions(), stage.Permissions(yolo_source="--yolo")):
         refusal = json.loads(gate(command, None, permissions))
