@@ -76,8 +76,8 @@ _PROJECT_FILES = ("safe", "a project's .env and config.yaml belong to the projec
                           "course guards homes, /etc and its own state")
 _GATEWAY = ("safe", "Hermes's gateway and CLI: the course has no such service (it guards "
                     "itself by its stage file names: pkill -f s09_…)")
-_RUN_SCRIPT = ("safe", "running a script is not flagged (bash x.sh is safe in Hermes too); "
-                       "the agent wrote it through the gated tools")
+_RUN_SCRIPT = ("safe", "running a script is not a finding in itself (bash x.sh is safe in "
+                       "Hermes too); the detector reads the script, when it exists, instead")
 DISAGREEMENTS = {
     "echo x | tee /dev/sda": ("hardline", "issue 9: tee into a block device is hardline"),
     "echo TOKEN=x > .env": _PROJECT_FILES,
