@@ -1,6 +1,7 @@
 """Make every test run offline and away from the learner's real state."""
 
 import os
+import signal
 import tempfile
 
 import pytest
@@ -35,3 +36,21 @@ def isolated_home(tmp_path, monkeypatch):
     home = tmp_path / "learn-hermes-home"
     monkeypatch.setenv("LEARN_HERMES_HOME", str(home))
     return home
+
+
+@pytest.fixture
+def home(isolated_home):
+    """$LEARN_HERMES_HOME of this test, created."""
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    return isolated_home
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """A test that calls a stage's main() in-process must not leave its Ctrl-C,
+    SIGTERM or SIGHUP handler behind for the tests after it."""
+    names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
+    yield
+    for name, handler in saved.items():
+        signal.signal(getattr(signal, name), handler)

@@ -30,15 +30,6 @@ def db_path(tmp_path):
     return tmp_path / "home" / "state.db"
 
 
-@pytest.fixture(autouse=True)
-def signal_handlers_restored():
-    """A test that calls main() directly must not leave its Ctrl-C handler behind."""
-    names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
-    yield
-    for name, handler in saved.items():
-        signal.signal(getattr(signal, name), handler)
-
 
 def rows(db_path, sql):
     db = sqlite3.connect(db_path)

@@ -8,7 +8,6 @@ ever point into tmp_path.
 
 import json
 import os
-import signal
 
 import pytest
 
@@ -26,21 +25,6 @@ def stage(request):
     module.ActiveSession.session_id = None
 
 
-@pytest.fixture(autouse=True)
-def signal_handlers_restored():
-    """A test that calls main() must not leave its Ctrl-C handler behind."""
-    names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
-    yield
-    for name, handler in saved.items():
-        signal.signal(getattr(signal, name), handler)
-
-
-@pytest.fixture
-def home(isolated_home):
-    """$LEARN_HERMES_HOME of this test (set by conftest.py), created."""
-    isolated_home.mkdir(parents=True, exist_ok=True)
-    return isolated_home
 
 
 def skill_md(name, description="Run the release checklist.", body="1. Run pytest.\n",

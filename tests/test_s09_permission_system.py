@@ -39,20 +39,6 @@ def stage(request):
     module.ActiveSession.session_id = None
 
 
-@pytest.fixture(autouse=True)
-def signal_handlers_restored():
-    names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
-    yield
-    for name, handler in saved.items():
-        signal.signal(getattr(signal, name), handler)
-
-
-@pytest.fixture
-def home(isolated_home):
-    """$LEARN_HERMES_HOME of this test (conftest.py), created."""
-    isolated_home.mkdir(parents=True, exist_ok=True)
-    return isolated_home
 
 
 @pytest.fixture
