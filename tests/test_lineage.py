@@ -210,6 +210,27 @@ LINEAGE = {
                     "HELP_TEXT", "DEMO_INPUTS", "run_demo", "parse_args", "main", "OFFLINE_HELP",
                     "offline_reply"],
     },
+    "s10_subagent_delegation": {
+        "added": ["MAX_CHILD_ITERATIONS", "MAX_PARALLEL_CHILDREN", "MAX_CHILD_DEPTH",
+                  "MAX_CHILD_ANSWER_CHARS", "DEFAULT_CHILD_TOOLSETS", "DELEGATE_BLOCKED_TOOLS",
+                  "PARENT_RESERVE", "CHILD_BUDGET_MODES", "CHILD_APPROVALS", "CHILD_STATUSES",
+                  "CHILD_SYSTEM_PROMPT", "delegate_task", "build_child_agent", "Child",
+                  "ChildBudget", "run_child", "run_children", "CHILD_STOP_GRACE",
+                  "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE_BEATS", "PREVIEW_CHARS", "DELEGATION",
+                  "STOP_REQUESTED", "DelegationSettings", "Delegator", "task_specs", "task_spec",
+                  "build_children", "offered_toolsets", "child_tools", "toolsets_problem",
+                  "ChildApprovals", "child_event_handler", "call_preview", "preview",
+                  "child_recovery", "child_outcome", "child_result", "start_heartbeat",
+                  "heartbeat", "stop_children", "DELEGATE_TASK_SCHEMA", "DELEGATE_TASK_ENTRY",
+                  "<REGISTRY.register(DELEGATE_TASK_ENTRY)>", "show_child_event", "preview_line",
+                  "delegation_summary", "show_delegation", "COMMANDS['/delegation']",
+                  "delegation_settings_from_args", "DEMO_NOTES", "demo_parallel", "demo_limits",
+                  "demo_budget", "completed_children", "delegation_words"],
+        "changed": ["<imports>", "STAGE", "STAGE_TITLE", "run_conversation", "IterationBudget",
+                    "wait_for_command", "approve_command", "ApprovalContext", "Session",
+                    "run_turn", "show_event", "main", "parse_args", "HELP_TEXT", "run_demo",
+                    "DEMO_INPUTS", "OFFLINE_HELP", "offline_plan", "offline_summary"],
+    },
 }
 
 BANNER = re.compile(r"^# ── (?:\[(s\d\d)\] )?(.+?) ─+$", re.MULTILINE)

@@ -171,7 +171,8 @@ def test_unknown_toolset_is_a_one_line_error(stage):
     result = run_main(stage, "--toolsets", "nonsense", "-p", "hi")
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "unknown toolset(s) nonsense (known: file, " in errors[0]
+    assert len(errors) == 1 and "unknown toolset(s) nonsense (known: " in errors[0]
+    assert "file, " in errors[0] and "terminal)" in errors[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 

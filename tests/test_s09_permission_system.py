@@ -1168,7 +1168,9 @@ def test_commands_run_without_secrets(stage, work, monkeypatch):
 
 # ── the demo ──────────────────────────────────────────────────────────────
 
-def test_the_demo_keeps_the_machine_safe_and_restores_everything(stage, work, capsys):
+@pytest.mark.parametrize("stage_name", ["s09_permission_system"])   # later stages: own demo
+def test_the_demo_keeps_the_machine_safe_and_restores_everything(stage_name, work, capsys):
+    stage = load_stage(stage_name)
     before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
     session = stage.open_session(stage.parse_args(["--demo"]))
     assert stage.run_demo(session) == 0

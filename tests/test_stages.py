@@ -28,6 +28,7 @@ STAGE_FLAGS = {
     "s07_memory": [],
     "s08_skills": [],
     "s09_permission_system": ["--yolo", "--approval-mode", "--approval-timeout", "--write-root"],
+    "s10_subagent_delegation": ["--child-budget", "--child-approvals", "--heartbeat-interval"],
 }
 
 # What each stage's --demo promises to show (read its run_demo): evidence that the
@@ -120,6 +121,21 @@ DEMO_PROMISES = {
         "    write refused: ~/.ssh/authorized_keys is under ~/.ssh (SSH keys and config). "
         "Nothing was written.",
         "~/.ssh/authorized_keys exists: False",
+    ],
+    "s10_subagent_delegation": [
+        "s10> delegate $ ls -F | $ cat notes.txt\n  → delegate_task {\"tasks\": [{\"goal\": "
+        "\"$ ls -F\"}, {\"goal\": \"$ cat notes.txt\"}]}\n",
+        "    ├─ [1] sub-agent started: $ ls -F",
+        "    ├─ [2] sub-agent started: $ cat notes.txt",
+        "    └─ [2] completed after 2 model call(s): The command exited with code 0; first line "
+        "of output: Sub-agents start with nothing but their goal.",
+        "The parent's conversation: system user assistant tool assistant. No child message is in it.",
+        "└─ completed after 2 model call(s): The tool answered: Tool 'delegate_task' does not exist.",
+        "denied: a sub-agent has nobody to ask",
+        "BLOCKED (hardline): delete of the root directory.",
+        "build still exists: True",
+        "budget_exhausted after ",
+        "children completed: 3 of 3",
     ],
 }
 
