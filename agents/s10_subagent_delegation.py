@@ -38,7 +38,7 @@ Changes from s09
            MAX_CHILD_ANSWER_CHARS, DEFAULT_CHILD_TOOLSETS, DELEGATE_BLOCKED_TOOLS,
            PARENT_RESERVE, CHILD_BUDGET_MODES, CHILD_APPROVALS, CHILD_STATUSES,
            CHILD_SYSTEM_PROMPT, delegate_task(), build_child_agent(), Child, ChildBudget,
-           run_child(), run_children(), CHILD_STOP_GRACE, HEARTBEAT_INTERVAL,
+           run_child(), child_loop(), run_children(), CHILD_STOP_GRACE, HEARTBEAT_INTERVAL,
            HEARTBEAT_STALE_BEATS, PREVIEW_CHARS, DELEGATION, STOP_REQUESTED,
            DelegationSettings, Delegator, task_specs(), task_spec(), build_children(),
            offered_toolsets(), child_tools(), toolsets_problem(), ChildApprovals,
@@ -6068,6 +6068,7 @@ class Child:
         self.client, self.model = parent.session.client, parent.session.model
         self.stop = threading.Event()           # set by the parent: Ctrl-C
         self.finished = threading.Event()
+        self.lock = threading.Lock()            # its last report, or the parent giving up
         shared = parent.budget if parent.session.delegation.budget_mode == "shared" else None
         self.budget = ChildBudget(shared, self.stop)
         self.tool_calls, self.current_tool = 0, None
@@ -6106,43 +6107,53 @@ def run_child(child: Child) -> None:
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
     STOP_REQUESTED.set(child.stop)
-    child.emit("started", goal=child.goal)
-    answer, note = "", ""
+    start_heartbeat(child)
+    try:
+        child.emit("started", goal=child.goal)
+        status, answer, note = child_loop(child)
+        with child.lock:                        # the parent may be giving up on it just now
+            child.result = child_result(child, status, answer, note)
+            child.emit("finished", status=status, model_calls=child.budget.used,
+                       answer=first_line(answer or note, 100))
+            child.finished.set()
+    finally:
+        child.finished.set()                    # also after an error here: the heartbeat ends
+
+
+def child_loop(child: Child) -> tuple[str, str, str]:
+    """The child's own agent loop (with s05's compression and s06's retries and
+    guardrails), and its (status, answer, note). Nothing a child does raises into its
+    parent: an endpoint error or a crash becomes the status "error"."""
     try:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
                                    child.tools, child.parent.session.context_length,
                                    child_recovery(child), budget=child.budget)
-        status, answer, note = child_outcome(child, stopped)
+        return child_outcome(child, stopped)
     except KeyboardInterrupt:                   # the parent's Ctrl-C, seen in this thread
-        status, note = "interrupted", "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        status = "error"
-        note = explain_api_failure(exc, str(child.client.base_url), child.model)
-    except Exception as exc:                    # never let a child crash the parent
-        status, note = "error", f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}"
-    child.result = child_result(child, status, answer, note)
-    child.emit("finished", status=status, model_calls=child.budget.used,
-               answer=first_line(answer or note, 100))
-    child.finished.set()
+        return "error", "", explain_api_failure(exc, str(child.client.base_url), child.model)
+    except Exception as exc:
+        return "error", "", f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}"
 
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
     """Start every child in its own thread and wait for all of them. Ctrl-C stops them:
     each one's running command is killed and it makes no more model calls."""
-    threads = [threading.Thread(target=contextvars.Context().run, args=(run_child, child),
-                                daemon=True) for child in children]
-    for child, thread in zip(children, threads):
-        thread.start()
-        start_heartbeat(child)
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.1)                # a Ctrl-C arrives between two waits
-    except KeyboardInterrupt:
-        stop_children(children, threads)
+        for child in children:
+            # A new, empty context: the thread sets its own approvals, depth and stop event.
+            threading.Thread(target=contextvars.Context().run, args=(run_child, child),
+                             daemon=True).start()
+        for child in children:
+            while not child.finished.wait(0.1):     # a Ctrl-C arrives between two waits
+                pass
+    except BaseException:                       # Ctrl-C, or a thread that could not start
+        stop_children(children)
         raise
-    return [child.result for child in children]
+    return [child.result or child_result(child, "error", "", "the sub-agent's thread failed")
+            for child in children]
 
 # ── [s10] Delegation details ────────────────────────────────────────────────
 
@@ -6378,7 +6389,7 @@ def heartbeat(child: Child, interval: float, stale_beats: int) -> None:
     Stop when the child finishes, or after `stale_beats` beats without progress (no new
     model call, no new tool): a stuck child must not keep the parent looking busy."""
     last, stale = None, 0
-    while not child.finished.wait(interval):
+    while not child.finished.wait(interval) and not child.stop.is_set():
         progress = (child.budget.used, child.tool_calls, child.current_tool)
         stale = stale + 1 if progress == last else 0
         last = progress
@@ -6390,19 +6401,21 @@ def heartbeat(child: Child, interval: float, stale_beats: int) -> None:
         child.emit("heartbeat", activity=activity, model_calls=child.budget.used)
 
 
-def stop_children(children: list, threads: list) -> None:
+def stop_children(children: list) -> None:
     """Ctrl-C: stop every child, give them CHILD_STOP_GRACE seconds to end (a running
-    command is killed at once), and report the rest as interrupted without waiting."""
+    command is killed at once), and report the rest as interrupted without waiting.
+    Events, not Thread.join(): a join cut short by Ctrl-C can mark a running thread done."""
     for child in children:
         child.stop.set()
     deadline = time.monotonic() + CHILD_STOP_GRACE
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
     for child in children:
-        if not child.finished.is_set():         # e.g. still waiting for the endpoint
-            child.emit("finished", status="interrupted", model_calls=child.budget.used,
-                       answer="stopped by the user (Ctrl-C); no longer waited for")
-            child.abandoned = True              # whatever it reports later is dropped
+        child.finished.wait(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        with child.lock:
+            if not child.finished.is_set():     # e.g. still waiting for the endpoint
+                child.emit("finished", status="interrupted", model_calls=child.budget.used,
+                           answer="stopped by the user (Ctrl-C); no longer waited for")
+                child.abandoned = True          # whatever it reports later is dropped
 
 
 DELEGATE_TASK_SCHEMA = function_schema(

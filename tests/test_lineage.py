@@ -215,7 +215,7 @@ LINEAGE = {
                   "MAX_CHILD_ANSWER_CHARS", "DEFAULT_CHILD_TOOLSETS", "DELEGATE_BLOCKED_TOOLS",
                   "PARENT_RESERVE", "CHILD_BUDGET_MODES", "CHILD_APPROVALS", "CHILD_STATUSES",
                   "CHILD_SYSTEM_PROMPT", "delegate_task", "build_child_agent", "Child",
-                  "ChildBudget", "run_child", "run_children", "CHILD_STOP_GRACE",
+                  "ChildBudget", "run_child", "child_loop", "run_children", "CHILD_STOP_GRACE",
                   "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE_BEATS", "PREVIEW_CHARS", "DELEGATION",
                   "STOP_REQUESTED", "DelegationSettings", "Delegator", "task_specs", "task_spec",
                   "build_children", "offered_toolsets", "child_tools", "toolsets_problem",
