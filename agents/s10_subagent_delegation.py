@@ -38,7 +38,8 @@ Changes from s09
            MAX_CHILD_ANSWER_CHARS, DEFAULT_CHILD_TOOLSETS, DELEGATE_BLOCKED_TOOLS,
            PARENT_RESERVE, CHILD_BUDGET_MODES, CHILD_APPROVALS, CHILD_STATUSES,
            CHILD_SYSTEM_PROMPT, delegate_task(), build_child_agent(), Child, ChildBudget,
-           run_child(), child_loop(), run_children(), CHILD_STOP_GRACE, HEARTBEAT_INTERVAL,
+           run_child(), child_loop(), run_children(), stop_if_requested(),
+           child_state_problem(), partial_answer(), shown_names(), CHILD_STOP_GRACE, HEARTBEAT_INTERVAL,
            HEARTBEAT_STALE_BEATS, PREVIEW_CHARS, DELEGATION, STOP_REQUESTED,
            DelegationSettings, Delegator, task_specs(), task_spec(), build_children(),
            offered_toolsets(), child_tools(), toolsets_problem(), ChildApprovals,
@@ -50,9 +51,12 @@ Changes from s09
            delegation_settings_from_args(), DEMO_NOTES, demo_parallel(), demo_limits(),
            demo_budget(), completed_children(), delegation_words()
     run_conversation()    takes the turn's budget (a child passes its ChildBudget)
+    run_tool_calls()      a stopped child runs no more calls
+    write_refusal()       a child never writes the agent's state folder
     IterationBudget       consume(keep=…) leaves the parent's reserve
     wait_for_command()    kills a child's running command when the child is stopped
-    approve_command(), ApprovalContext   ask through the context (a child asks nobody)
+    approve_command(), ApprovalContext   ask through the context (a child asks nobody,
+                          and no smart reviewer decides for it)
     Session               delegation settings, last activity (the heartbeat)
     run_turn()            makes the turn's budget and the Delegator
     show_event()          a delegate_task result as one line per child
@@ -194,6 +198,7 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
     checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
     try:
         for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            stop_if_requested()                 # s10: a stopped child runs no more calls
             on_event("tool_call", {"name": name, "arguments": arguments})
             result, note = (error, "") if error is not None else guardrails.run(name, args)
             result = safe_text(result)
@@ -464,11 +469,10 @@ class CommandStart:
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
     """True if the command exited and closed its output within `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    stop = STOP_REQUESTED.get()                 # s10: set in a sub-agent's thread
+    in_child = STOP_REQUESTED.get() is not None     # s10: a sub-agent's thread
     while reader.is_alive() and time.monotonic() < deadline:   # a background child may
-        reader.join(0.05 if stop else deadline - time.monotonic())  # keep the pipe open
-        if stop is not None and stop.is_set():
-            raise KeyboardInterrupt             # the caller kills the process group
+        reader.join(0.05 if in_child else deadline - time.monotonic())  # keep the pipe open
+        stop_if_requested()                     # the caller kills the process group
     try:
         proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:
@@ -5353,7 +5357,7 @@ def approve_command(command: str, findings: list[Finding],
     human_only = any(finding.needs_human for finding in findings)
     if not human_only and context.all_approved(findings):
         return "once"
-    if not human_only and context.permissions.mode == "smart":
+    if not human_only and context.uses_smart_review():
         verdict = smart_review(context, command, findings)
         if verdict == "APPROVE":
             show_approval_note("[approved by the smart reviewer, this once]")
@@ -5439,6 +5443,9 @@ class ApprovalContext:
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
         """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
         return ask_human(self, command, findings, choices)
+
+    def uses_smart_review(self) -> bool:
+        return self.permissions.mode == "smart"
 
     def all_approved(self, findings: list[Finding]) -> bool:
         approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
@@ -5965,7 +5972,8 @@ def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
-    problem = protected_path_problem(real) or write_root_problem(real)
+    problem = protected_path_problem(real) or write_root_problem(real) \
+        or child_state_problem(real)         # s10
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -6074,6 +6082,7 @@ class Child:
         self.tool_calls, self.current_tool = 0, None
         self.abandoned = False                  # the parent stopped waiting for it
         self.result: dict | None = None
+        self.crash = "its thread ended without a result"
 
     def emit(self, event: str, **data) -> None:
         if not self.abandoned:
@@ -6116,8 +6125,10 @@ def run_child(child: Child) -> None:
             child.emit("finished", status=status, model_calls=child.budget.used,
                        answer=first_line(answer or note, 100))
             child.finished.set()
+    except Exception as exc:                    # a failing progress callback, say:
+        child.crash = f"{type(exc).__name__}: {first_line(exc)}"    # run_children() says so
     finally:
-        child.finished.set()                    # also after an error here: the heartbeat ends
+        child.finished.set()                    # also after an error: the heartbeat ends
 
 
 def child_loop(child: Child) -> tuple[str, str, str]:
@@ -6131,11 +6142,13 @@ def child_loop(child: Child) -> tuple[str, str, str]:
                                    child_recovery(child), budget=child.budget)
         return child_outcome(child, stopped)
     except KeyboardInterrupt:                   # the parent's Ctrl-C, seen in this thread
-        return "interrupted", "", "stopped by the user (Ctrl-C)"
+        return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        return "error", "", explain_api_failure(exc, str(child.client.base_url), child.model)
+        return "error", partial_answer(child), explain_api_failure(
+            exc, str(child.client.base_url), child.model)
     except Exception as exc:
-        return "error", "", f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}"
+        return "error", partial_answer(child), (f"the sub-agent failed: {type(exc).__name__}: "
+                                                f"{first_line(exc)}")
 
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
@@ -6152,7 +6165,8 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
     except BaseException:                       # Ctrl-C, or a thread that could not start
         stop_children(children)
         raise
-    return [child.result or child_result(child, "error", "", "the sub-agent's thread failed")
+    return [child.result or child_result(child, "error", "", f"the sub-agent failed: "
+                                                             f"{child.crash}")
             for child in children]
 
 # ── [s10] Delegation details ────────────────────────────────────────────────
@@ -6199,6 +6213,28 @@ class Delegator:
                 f"({mode} budget: children's calls {'count' if mode == 'shared' else 'do not count'})")
 
 
+def child_state_problem(real: Path) -> str | None:
+    """A sub-agent has no memory or skill_manage tool, and write_file and patch do not
+    reach the same files either: nothing in the agent's state folder. (Its terminal
+    commands that name that folder are refused by s09's self-protection.)"""
+    delegation = DELEGATION.get()
+    if delegation is None or delegation.depth == 0:     # the parent's own writes
+        return None
+    home = Path(os.path.realpath(hermes_home()))
+    if real != home and home not in real.parents:
+        return None
+    return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
+            f"agent's memory, skills or sessions")
+
+
+def stop_if_requested() -> None:
+    """In a child's thread, once its parent has stopped it: raise what Ctrl-C raises in
+    the main thread, so the same clean-up runs (commands killed, calls answered)."""
+    stop = STOP_REQUESTED.get()
+    if stop is not None and stop.is_set():
+        raise KeyboardInterrupt
+
+
 def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     """The model's arguments as a list of {goal, context, toolsets}, or an error."""
     if tasks is None:
@@ -6226,25 +6262,27 @@ def task_spec(task) -> tuple[dict | None, str | None]:
         return None, "each task must be an object {goal, context, toolsets}."
     unknown = sorted(set(task) - {"goal", "context", "toolsets"})
     if unknown:
-        return None, f"unexpected field(s) {', '.join(unknown)}; a task has goal, context, toolsets."
+        return None, f"unexpected field(s) {shown_names(unknown)}; a task has goal, context, toolsets."
     goal, context, toolsets = task.get("goal"), task.get("context"), task.get("toolsets")
     if not isinstance(goal, str) or not goal.strip():
         return None, "goal must be a non-empty string."
     if context is not None and not isinstance(context, str):
         return None, "context must be a string."
-    if toolsets is None:
-        toolsets = list(DEFAULT_CHILD_TOOLSETS)
-    if not isinstance(toolsets, list) or not all(isinstance(t, str) for t in toolsets):
+    if toolsets is not None and (not isinstance(toolsets, list)
+                                 or not all(isinstance(name, str) for name in toolsets)):
         return None, "toolsets must be a list of toolset names."
-    if not toolsets:
+    if toolsets == []:
         return None, "toolsets is empty: name the toolsets the sub-agent needs."
-    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None
+    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None     # None: default
 
 
 def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
     """Every child of the batch, or the first task's problem: nothing starts unless all can."""
     children = []
     for index, spec in enumerate(specs, start=1):
+        if spec["toolsets"] is None:            # the defaults that this agent has
+            spec["toolsets"] = [name for name in DEFAULT_CHILD_TOOLSETS
+                                if name in offered_toolsets(parent.session.tools)]
         problem = toolsets_problem(parent.session.tools, spec["toolsets"])
         if problem:
             return [], f"task {index}: {problem}" if len(specs) > 1 else problem
@@ -6268,17 +6306,26 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
 def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:
     """Why these toolsets cannot make a child: unknown, not the parent's, or no tool
     left once the blocked ones are gone. Never "no toolsets, so every tool"."""
+    if not toolsets:
+        return (f"none of the default toolsets ({', '.join(DEFAULT_CHILD_TOOLSETS)}) is "
+                f"offered to this agent: name the toolsets the sub-agent needs.")
     unknown = sorted(set(toolsets) - set(REGISTRY.toolsets()))
     if unknown:
-        return f"unknown toolset(s) {', '.join(unknown)}; known: {', '.join(REGISTRY.toolsets())}."
+        return f"unknown toolset(s) {shown_names(unknown)}; known: {', '.join(REGISTRY.toolsets())}."
     missing = sorted(set(toolsets) - offered_toolsets(parent_tools))
     if missing:
         return (f"toolset(s) {', '.join(missing)} are not offered to this agent, so not to "
                 f"its sub-agents either.")
     if not child_tools(parent_tools, toolsets):
-        return (f"no tools left in {', '.join(toolsets)} once the tools a sub-agent never "
-                f"gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
+        return (f"no tools left in {', '.join(sorted(set(toolsets)))} once the tools a "
+                f"sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
     return None
+
+
+def shown_names(names: list) -> str:
+    """Names from the model in an error message: visible, short, at most five."""
+    shown = ", ".join(preview(name) for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 class ChildApprovals(ApprovalContext):
@@ -6286,7 +6333,9 @@ class ChildApprovals(ApprovalContext):
     write root) but has its own session id, so nothing it does lands in the parent's
     session approvals. YOLO and mode off do not reach it, and nobody can be asked: its
     dangerous commands are denied, or with --child-approvals once approved once; a
-    command that needs a human is always denied. Hardline is blocked before all this."""
+    command that needs a human is always denied. Only the user's own "always" answers
+    (allowlist.json) approve for it, never the smart reviewer. Hardline is blocked
+    before all this."""
 
     def __init__(self, child: Child):
         super().__init__(child.permissions, child, read_answer=None)
@@ -6294,6 +6343,9 @@ class ChildApprovals(ApprovalContext):
 
     def yolo_source(self) -> str | None:
         return None
+
+    def uses_smart_review(self) -> bool:
+        return False                            # a model's verdict is no person's answer
 
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
         label = f"[sub-agent {self.child.index}]"
@@ -6325,8 +6377,8 @@ def child_event_handler(child: Child):
 def call_preview(arguments: str) -> str:
     """The first text argument of a call (a command, a path), short and with hidden
     characters made visible: a child's arguments are the model's text."""
-    data = parse_result(arguments) or {}
-    text = next((value for value in data.values() if isinstance(value, str)), arguments)
+    data, _ = parse_arguments("", arguments)    # the door's parser: never raises
+    text = next((value for value in (data or {}).values() if isinstance(value, str)), arguments)
     return preview(text)
 
 
@@ -6338,11 +6390,13 @@ def preview(text: str) -> str:
 def child_recovery(child: Child) -> RetryPolicy:
     """The parent's retries and fallback, with waits that end when the child is stopped."""
     policy = copy.copy(child.parent.session.recovery)
+    notify = policy.notify
 
     def interruptible_sleep(seconds: float) -> None:
         if child.stop.wait(seconds):
             raise KeyboardInterrupt             # what Ctrl-C is in the main thread
     policy.sleep = interruptible_sleep
+    policy.notify = lambda line: notify(f"[sub-agent {child.index}] {line}")
     return policy
 
 
@@ -6351,8 +6405,7 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     last = child.messages[-1] if child.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
         return "completed", stopped, ""
-    partial = next((m["content"] for m in reversed(child.messages)
-                    if m.get("role") == "assistant" and m.get("content")), "")
+    partial = partial_answer(child)
     if child.stop.is_set():
         return "interrupted", partial, "stopped by the user (Ctrl-C)"
     if child.budget.used >= child.budget.max_total:
@@ -6364,6 +6417,12 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     return "error", partial, first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 
+def partial_answer(child: Child) -> str:
+    """The child's last words so far, for a child that did not finish."""
+    return next((m["content"] for m in reversed(child.messages)
+                 if m.get("role") == "assistant" and m.get("content")), "")
+
+
 def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     """What the parent receives: the final answer (capped), a status, a count. Never the
     child's messages."""
@@ -6371,7 +6430,7 @@ def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     if len(answer) > MAX_CHILD_ANSWER_CHARS:
         cut = len(answer) - MAX_CHILD_ANSWER_CHARS
         answer = answer[:MAX_CHILD_ANSWER_CHARS] + f"\n[… {cut:,} more characters cut]"
-    result = {"task": child.index, "goal": child.goal, "status": status, "answer": answer,
+    result = {"task": child.index, "goal": preview(child.goal), "status": status, "answer": answer,
               "model_calls": child.budget.used, "tool_calls": child.tool_calls}
     if note:
         result["note"] = note
@@ -6396,7 +6455,7 @@ def heartbeat(child: Child, interval: float, stale_beats: int) -> None:
         if stale >= stale_beats:
             child.emit("heartbeat_stopped", beats=stale)
             return
-        activity = child.current_tool or "waiting for the model"
+        activity = preview(child.current_tool) if child.current_tool else "waiting for the model"
         child.parent.touch(f"sub-agent {child.index}: {activity}, call {child.budget.used}")
         child.emit("heartbeat", activity=activity, model_calls=child.budget.used)
 
@@ -7286,11 +7345,11 @@ def show_child_event(event: dict) -> None:
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
     elif kind == "tool_started":
-        line = f"├─ {tag}{event['tool']} {event['preview']}"
+        line = f"├─ {tag}{preview(event['tool'])} {event['preview']}"
     elif kind == "tool_finished":
         if event["outcome"] in ("ok", "landed"):
             return                              # the next line shows the child went on
-        line, style = f"├─ {tag}{event['tool']}: {event['outcome']}", "yellow"
+        line, style = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}", "yellow"
     elif kind == "heartbeat":
         line, style = (f"├─ {tag}… still working ({event['activity']}, "
                        f"{event['model_calls']} model call(s) so far)"), "dim"
@@ -7339,7 +7398,9 @@ def show_delegation(session: Session, argument: str) -> None:
             ("approvals", f"a child's dangerous commands: {settings.child_approvals} "
                           f"(--child-approvals); hardline: always blocked"),
             ("heartbeat", f"every {settings.heartbeat_interval:g} s; stops after "
-                          f"{settings.stale_beats} beats without progress")):
+                          f"{settings.stale_beats} beats without progress"),
+            ("activity", f"{time.monotonic() - session.last_activity[0]:.0f} s ago: "
+                         f"{session.last_activity[1]}")):
         console.print(Text(f"  {name:<10} {value}"))
 
 
