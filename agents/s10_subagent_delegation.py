@@ -6447,11 +6447,13 @@ def heartbeat(child: Child, interval: float, stale_beats: int) -> None:
     """While the child works: every `interval` seconds, touch the parent (it is alive).
     Stop when the child finishes, or after `stale_beats` beats without progress (no new
     model call, no new tool): a stuck child must not keep the parent looking busy."""
-    last, stale = None, 0
+    def progress():
+        return child.budget.used, child.tool_calls, child.current_tool
+    last, stale = progress(), 0
     while not child.finished.wait(interval) and not child.stop.is_set():
-        progress = (child.budget.used, child.tool_calls, child.current_tool)
-        stale = stale + 1 if progress == last else 0
-        last = progress
+        now = progress()
+        stale = stale + 1 if now == last else 0
+        last = now
         if stale >= stale_beats:
             child.emit("heartbeat_stopped", beats=stale)
             return

@@ -54,3 +54,11 @@ def signal_handlers_restored():
     yield
     for name, handler in saved.items():
         signal.signal(getattr(signal, name), handler)
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler, whatever an earlier main() installed."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

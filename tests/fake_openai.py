@@ -17,6 +17,11 @@ Turn formats:
     {"drop": True}     hang up without an answer (the client sees a connection error)
     {"hang": True}     answer nothing until the server stops (the client's timeout fires)
 
+Requests that arrive from several threads at once (s10's sub-agents) come in no fixed
+order; `responder` then answers each one by what it contains instead of the script:
+
+    FakeOpenAI(responder=lambda request: reply("hi"))   # request: the JSON body
+
 Run it standalone to serve a JSON script:  python tests/fake_openai.py script.json 8765
 """
 
@@ -114,8 +119,13 @@ class _Handler(BaseHTTPRequestHandler):
         with fake.lock:
             fake.requests.append(body)
             fake.headers.append({k.lower(): v for k, v in self.headers.items()})
-            turn = fake.turns.pop(0) if fake.turns else None
+            turn = None if fake.responder else fake.turns.pop(0) if fake.turns else None
             number = len(fake.requests)
+        if fake.responder is not None:          # outside the lock: it may wait
+            try:
+                turn = fake.responder(body)
+            except Exception as exc:            # a broken test shows as an HTTP 500
+                turn = {"status": 500, "message": f"fake server: responder failed: {exc!r}"}
         if turn is None:
             self._send(500, {"error": {"message": "fake server: script exhausted"}})
         elif turn.get("drop"):
@@ -135,8 +145,9 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeOpenAI:
     """Context manager: a scripted Chat Completions server on 127.0.0.1:<port>."""
 
-    def __init__(self, turns=(), port: int = 0):
+    def __init__(self, turns=(), port: int = 0, responder=None):
         self.turns = list(turns)
+        self.responder = responder             # request body -> turn; replaces the script
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.lock = threading.Lock()

@@ -197,6 +197,28 @@ def pid_in_file(path: Path, within: float = 60.0) -> int | None:
     return None
 
 
+def pid_alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def dies_soon(pid: int, within: float = 10.0) -> bool:
+    """SIGKILL is asynchronous: give the kernel a moment to finish the kill."""
+    deadline = time.monotonic() + within
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def start_agent(stage_name, tmp_path, home=None) -> subprocess.Popen:
     """The stage as a real process: a REPL reading a pipe (bytes), working in tmp_path,
     its state in `home` (default tmp_path/h)."""

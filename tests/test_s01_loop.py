@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
-from helpers import (clean_env, first_and_newest, fresh_stage, load_stage, pairing_problems,
-                     pid_in_file, pid_of_running_command, repl_output, run_main, stages_from,
-                     start_agent, type_line)
+from helpers import (clean_env, dies_soon, first_and_newest, fresh_stage, load_stage,
+                     pairing_problems, pid_alive, pid_in_file, pid_of_running_command,
+                     repl_output, run_main, stages_from, start_agent, type_line)
 
 STAGES = stages_from("s01")
 
@@ -192,14 +192,6 @@ def test_default_iteration_limit_is_30(stage):
     assert stage.MAX_ITERATIONS == 30
 
 
-@pytest.fixture
-def ctrl_c_raises():
-    """Python's own SIGINT handler, whatever an earlier main() installed."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def interrupt_once_running(pid_file: Path) -> threading.Thread:
     """Ctrl-C for this process, sent once the command has written its pid: it runs."""
     main_thread = threading.main_thread().ident
@@ -261,28 +253,6 @@ def test_ctrl_c_just_as_the_command_starts_still_kills_it(stage, tmp_path, monke
 
 
 # ── the terminal tool ─────────────────────────────────────────────────────
-
-def pid_alive(pid: int) -> bool:
-    """True if the process exists and is not a zombie waiting to be reaped."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def dies_soon(pid: int, within: float = 10.0) -> bool:
-    """SIGKILL is asynchronous: give the kernel a moment to finish the kill."""
-    deadline = time.monotonic() + within
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
 
 def test_terminal_returns_output_and_exit_code(stage, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
