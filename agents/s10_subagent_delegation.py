@@ -42,7 +42,7 @@ Changes from s09
            child_state_problem(), partial_answer(), shown_names(), CHILD_STOP_GRACE, HEARTBEAT_INTERVAL,
            HEARTBEAT_STALE_BEATS, PREVIEW_CHARS, DELEGATION, STOP_REQUESTED,
            DelegationSettings, Delegator, task_specs(), task_spec(), build_children(),
-           offered_toolsets(), child_tools(), toolsets_problem(), ChildApprovals,
+           toolset_of(), offered_toolsets(), child_tools(), toolsets_problem(), ChildApprovals,
            child_event_handler(), call_preview(), preview(), child_recovery(),
            child_outcome(), child_result(), start_heartbeat(), heartbeat(),
            stop_children(), DELEGATE_TASK_SCHEMA, DELEGATE_TASK_ENTRY,
@@ -6290,17 +6290,20 @@ def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
     return children, None
 
 
+def toolset_of(tool: dict) -> str | None:
+    entry = REGISTRY.get(tool["function"]["name"])
+    return entry.toolset if entry is not None else None
+
+
 def offered_toolsets(tools: list) -> set[str]:
-    return {REGISTRY.get(tool["function"]["name"]).toolset for tool in tools
-            if REGISTRY.get(tool["function"]["name"]) is not None}
+    return {toolset_of(tool) for tool in tools} - {None}
 
 
 def child_tools(parent_tools: list, toolsets: list) -> list:
     """The parent's offered tools whose toolset was asked for, minus the blocked ones."""
     return [tool for tool in parent_tools
             if tool["function"]["name"] not in DELEGATE_BLOCKED_TOOLS
-            and REGISTRY.get(tool["function"]["name"]) is not None
-            and REGISTRY.get(tool["function"]["name"]).toolset in toolsets]
+            and toolset_of(tool) in toolsets]
 
 
 def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:

@@ -219,6 +219,34 @@ def dies_soon(pid: int, within: float = 10.0) -> bool:
     return True
 
 
+def stub_programs(root: Path, names) -> None:
+    """Programs in root/stubs that only leave a line "<name> <args>" in root/marks and
+    print "stub <name>": a guard that failed would run these, never the real ones."""
+    marks_file = root / "marks"
+    for name in names:
+        script = root / "stubs" / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> "{marks_file}"\necho "stub {name}"\n')
+        script.chmod(0o755)
+
+
+def stubbed_work_folder(tmp_path: Path, monkeypatch, names) -> Path:
+    """A working folder (the current one) with stub programs first on PATH and a
+    temporary HOME; what the stubs were asked to do is read back with marks()."""
+    folder, stubs, user = tmp_path / "work", tmp_path / "stubs", tmp_path / "user"
+    for path in (folder, stubs, user):
+        path.mkdir()
+    stub_programs(tmp_path, names)
+    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(user))
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def marks(work: Path) -> list[str]:
+    path = work.parent / "marks"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def start_agent(stage_name, tmp_path, home=None) -> subprocess.Popen:
     """The stage as a real process: a REPL reading a pipe (bytes), working in tmp_path,
     its state in `home` (default tmp_path/h)."""

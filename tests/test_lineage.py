@@ -219,7 +219,7 @@ LINEAGE = {
                   "child_state_problem", "partial_answer", "shown_names", "CHILD_STOP_GRACE",
                   "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE_BEATS", "PREVIEW_CHARS", "DELEGATION",
                   "STOP_REQUESTED", "DelegationSettings", "Delegator", "task_specs", "task_spec",
-                  "build_children", "offered_toolsets", "child_tools", "toolsets_problem",
+                  "build_children", "toolset_of", "offered_toolsets", "child_tools", "toolsets_problem",
                   "ChildApprovals", "child_event_handler", "call_preview", "preview",
                   "child_recovery", "child_outcome", "child_result", "start_heartbeat",
                   "heartbeat", "stop_children", "DELEGATE_TASK_SCHEMA", "DELEGATE_TASK_ENTRY",

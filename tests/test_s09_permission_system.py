@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
-from helpers import (AGENTS, clean_env, first_and_newest, load_stage, pairing_problems,
-                     repl_output, run_main, stages_from)
+from helpers import (AGENTS, clean_env, first_and_newest, load_stage, marks, pairing_problems,
+                     repl_output, run_main, stages_from, stub_programs, stubbed_work_folder)
 
 STAGES = stages_from("s09")
 STUBBED = ("rm", "chmod", "git", "shutdown", "reboot", "python3")
@@ -44,32 +44,12 @@ def stage(request):
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     """A working folder with stub programs first on PATH; HOME is a temporary folder."""
-    folder, stubs, user = tmp_path / "work", tmp_path / "stubs", tmp_path / "user"
-    for path in (folder, stubs, user):
-        path.mkdir()
-    marks = tmp_path / "marks"
-    for name in STUBBED:
-        script = f'#!/bin/sh\necho "{name} $*" >> "{marks}"\necho "stub {name}"\n'
-        (stubs / name).write_text(script)
-        (stubs / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("HOME", str(user))
-    monkeypatch.chdir(folder)
-    return folder
+    return stubbed_work_folder(tmp_path, monkeypatch, STUBBED)
 
 
 def stub(work, *names):
     """More stub programs, like the work fixture's, that only leave a mark."""
-    marks_file = work.parent / "marks"
-    for name in names:
-        script = work.parent / "stubs" / name
-        script.write_text(f'#!/bin/sh\necho "{name} $*" >> "{marks_file}"\necho "stub {name}"\n')
-        script.chmod(0o755)
-
-
-def marks(work) -> list[str]:
-    path = work.parent / "marks"
-    return path.read_text().splitlines() if path.exists() else []
+    stub_programs(work.parent, names)
 
 
 class Answers:

@@ -21,8 +21,9 @@ import openai
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, no_answer, reply
-from helpers import (dies_soon, load_stage, pairing_problems, pid_alive, pid_in_file,
-                     pid_of_running_command, run_main, stages_from, start_agent, type_line)
+from helpers import (dies_soon, load_stage, marks, pairing_problems, pid_alive, pid_in_file,
+                     pid_of_running_command, run_main, stages_from, start_agent,
+                     stubbed_work_folder, type_line)
 
 STAGES = stages_from("s10")
 STUBBED = ("rm",)
@@ -39,22 +40,7 @@ def stage(request):
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     """A working folder with a stub rm first on PATH; HOME is a temporary folder."""
-    folder, stubs, user = tmp_path / "work", tmp_path / "stubs", tmp_path / "user"
-    for path in (folder, stubs, user):
-        path.mkdir()
-    marks = tmp_path / "marks"
-    for name in STUBBED:
-        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{marks}"\necho "stub {name}"\n')
-        (stubs / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("HOME", str(user))
-    monkeypatch.chdir(folder)
-    return folder
-
-
-def marks(work) -> list[str]:
-    path = work.parent / "marks"
-    return path.read_text().splitlines() if path.exists() else []
+    return stubbed_work_folder(tmp_path, monkeypatch, STUBBED)
 
 
 class Progress:
