@@ -6,10 +6,10 @@ What this stage adds
     list: a short task prompt (with the context the parent gave) and the goal, verbatim,
     as its first user message; never the parent's SOUL, memory or conversation. Its
     tools are the toolsets it asked for that the parent has, minus DELEGATE_BLOCKED_TOOLS
-    (delegate_task, memory, skill_manage), and its door refuses every other tool. It
-    makes at most MAX_CHILD_ITERATIONS (15) model calls, and with the shared budget (the
-    default) each of them is also paid from the parent's turn budget, so parent and
-    children together never exceed --max-iterations. Nobody can answer a child's
+    (delegate_task, memory, skill_manage, session_search), and its door refuses every
+    other tool. It makes at most MAX_CHILD_ITERATIONS (15) model calls, and with the
+    shared budget (the default) each of them is also paid from the parent's turn
+    budget, so parent and children together never exceed --max-iterations. Nobody can answer a child's
     approval prompt: its dangerous commands are denied (--child-approvals once approves
     them once), hardline ones are blocked, and nothing it does reaches the parent's
     session approvals. The parent receives only each child's final answer and a status;
@@ -6017,7 +6017,11 @@ MAX_PARALLEL_CHILDREN = 3               # tasks in one delegate_task call; more 
 MAX_CHILD_DEPTH = 1                     # the parent is depth 0, a child 1: a child never delegates
 MAX_CHILD_ANSWER_CHARS = 24_000         # of a child's answer, the parent receives this much
 DEFAULT_CHILD_TOOLSETS = ("terminal", "file")   # when the task names none
-DELEGATE_BLOCKED_TOOLS = frozenset({"delegate_task", "memory", "skill_manage"})
+# A child does not delegate, and does not touch the agent's long-term state: what it
+# remembers (memory), which skills it has (skill_manage), or its earlier conversations
+# (session_search: the parent's history, and a SQLite connection only its thread may use).
+DELEGATE_BLOCKED_TOOLS = frozenset({"delegate_task", "memory", "skill_manage",
+                                    "session_search"})
 PARENT_RESERVE = 1                      # shared budget: calls children leave for the parent
 CHILD_BUDGET_MODES = ("shared", "independent")  # --child-budget
 CHILD_APPROVALS = ("deny", "once")      # --child-approvals: a child's dangerous commands

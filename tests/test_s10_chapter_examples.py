@@ -11,6 +11,8 @@ docs/en/s10-subagent-delegation.md has
 - in "How it works", the ```json block: the whole tool result the parent receives for the
   worked trace's child (`$ ls` in a folder that holds notes.txt). The child is run here on
   the stage's own offline model;
+- in "Exercises", the ```diff blocks of the solutions: the lines they keep and remove are
+  lines of the stage file, in that order, so the learner's patch applies;
 - in "Exercises", exercise 3: a known limit. write_file into the state folder is refused in
   a child, but a Python script that a child writes and another runs changes MEMORY.md. The
   test passes while that hole is open; when a stage closes it, the test fails and says to
@@ -119,6 +121,22 @@ def test_the_tool_result_the_chapter_shows_is_what_the_parent_receives(stage, tm
     finally:
         server.shutdown()
     assert json.loads(result) == json.loads(shown.group(1))
+
+
+def diff_blocks() -> list[list[str]]:
+    """The lines of each ```diff block in the chapter, their indentation removed."""
+    found = re.findall(r"^( *)```diff\n(.*?)^\1```$", CHAPTER.read_text(encoding="utf-8"),
+                       re.MULTILINE | re.DOTALL)
+    return [[line[len(indent):] for line in body.splitlines()] for indent, body in found]
+
+
+def test_the_solutions_diffs_apply_to_the_stage_file():
+    source = (ROOT / "agents" / "s10_subagent_delegation.py").read_text(encoding="utf-8")
+    blocks = diff_blocks()
+    assert blocks, "no ```diff block in the chapter"
+    for block in blocks:
+        before = [line[1:] for line in block if line[:1] in (" ", "-")]
+        assert "\n".join(before) + "\n" in source, block
 
 
 def exercise_3() -> list[str]:

@@ -174,30 +174,37 @@ def names_in(stage, tools, toolsets) -> set[str]:
 
 # ── what a child gets ─────────────────────────────────────────────────────
 
-def test_a_child_gets_the_toolsets_it_asks_for_minus_the_blocked_tools(stage, work, home):
-    asked = ["terminal", "memory", "skills", "delegation"]
+def test_a_child_gets_the_toolsets_it_asks_for_minus_the_blocked_tools(stage, work, home,
+                                                                       monkeypatch):
+    store = stage.SessionStore(home / "sessions.db")      # so the parent has session_search
+    monkeypatch.setattr(stage.ActiveSession, "store", store)
+    asked = ["terminal", "memory", "skills", "delegation", "session_search"]
     blocked_calls = reply("", call("memory", {"action": "add", "target": "memory",
                                               "content": "x"}),
-                          call("skill_manage", {}), call("delegate_task", {"goal": "more"}))
+                          call("skill_manage", {}), call("delegate_task", {"goal": "more"}),
+                          call("session_search", {"query": "secret"}))
     children = script({"asks": [blocked_calls, reply("could not")], "plain": [reply("ok")]})
     tasks = [{"goal": "asks", "toolsets": asked}, {"goal": "plain"}]
     with FakeOpenAI(responder=endpoint(stage, delegating(tasks=tasks), children)) as server:
         session = agent(stage, server)
         assert run(stage, session)
     parent_tools = {t["function"]["name"] for t in session.tools}
-    assert {"delegate_task", "memory", "skill_manage"} <= parent_tools   # the test means it
+    assert {"delegate_task", "memory", "skill_manage", "session_search"} <= parent_tools   # the test means it
     first, second = child_requests(stage, server, "asks")
     assert offered(first) == names_in(stage, session.tools, asked) - stage.DELEGATE_BLOCKED_TOOLS
     assert {"terminal", "skills_list", "skill_view"} <= offered(first)
-    assert offered(first).isdisjoint({"delegate_task", "memory", "skill_manage", "read_file"})
-    assert stage.DELEGATE_BLOCKED_TOOLS == {"delegate_task", "memory", "skill_manage"}
+    assert offered(first).isdisjoint({"delegate_task", "memory", "skill_manage", "session_search",
+                                      "read_file"})
+    assert stage.DELEGATE_BLOCKED_TOOLS == {"delegate_task", "memory", "skill_manage",
+                                            "session_search"}
     refusals = tool_results(second)
     assert [text.split(" does not exist")[0] for text in refusals] == [
-        "Tool 'memory'", "Tool 'skill_manage'", "Tool 'delegate_task'"]
+        "Tool 'memory'", "Tool 'skill_manage'", "Tool 'delegate_task'", "Tool 'session_search'"]
     assert not (home / stage.MEMORY_DIR_NAME / "MEMORY.md").exists()
     assert len(child_requests(stage, server, "more")) == 0              # no grandchild
     plain = child_requests(stage, server, "plain")[0]
     assert offered(plain) == names_in(stage, session.tools, ("terminal", "file"))
+    store.db.close()
     assert [c["status"] for c in delegation_result(session)["children"]] == ["completed"] * 2
 
 
@@ -274,7 +281,7 @@ NOT_BOTH = "give either goal (with context, toolsets) or tasks, not both."
     ({"goal": "x", "toolsets": []}, "toolsets is empty: name the toolsets the sub-agent needs."),
     ({"goal": "x", "toolsets": ["terminal", "nope"]}, "unknown toolset(s) nope; known: "),
     ({"goal": "x", "toolsets": ["memory"]}, "no tools left in memory once the tools a "
-     "sub-agent never gets (delegate_task, memory, skill_manage) are removed."),
+     "sub-agent never gets (delegate_task, memory, session_search, skill_manage) are removed."),
     ({"goal": "x", "toolsets": ["delegation"]}, "no tools left in delegation once"),
     ({"goal": "x", "toolsets": "terminal"}, "toolsets must be a list of toolset names."),
     ({"tasks": [{"goal": str(n)} for n in range(4)]},
@@ -304,6 +311,21 @@ def test_bad_tasks_are_errors_and_nothing_is_delegated(stage, work, arguments, e
     assert result["error"].startswith(error) and result["error"].endswith(
         " Nothing was delegated."), result
     assert server.requests == []                    # task 1 of a bad batch never started
+
+
+def test_a_child_never_searches_the_parents_sessions(stage, work, home, monkeypatch):
+    # The parent has session_search; a child asking for only that toolset has no tool left.
+    store = stage.SessionStore(home / "sessions.db")
+    monkeypatch.setattr(stage.ActiveSession, "store", store)
+    with FakeOpenAI() as server:
+        session = agent(stage, server)
+        result = call_delegate(stage, session, goal="x", toolsets=["session_search"])
+    store.db.close()
+    assert "session_search" in {t["function"]["name"] for t in session.tools}
+    assert result["error"] == ("no tools left in session_search once the tools a sub-agent "
+                               "never gets (delegate_task, memory, session_search, skill_manage) "
+                               "are removed. Nothing was delegated.")
+    assert server.requests == []
 
 
 def test_three_tasks_run_and_an_error_reaches_the_model_as_the_tool_result(stage, work):
@@ -962,7 +984,7 @@ def test_the_delegation_command_describes_the_settings(stage, work):
     assert ("  per child  15 model calls, up to 3 in parallel, depth 1 (a child never "
             "delegates)") in shown
     assert ("  tools      the toolsets asked for (default terminal, file) that this agent has, "
-            "never delegate_task, memory, skill_manage") in shown
+            "never delegate_task, memory, session_search, skill_manage") in shown
     assert "  approvals  a child's dangerous commands: deny (--child-approvals); hardline: " \
            "always blocked" in shown
     assert "  heartbeat  every 30 s; stops after 15 beats without progress" in shown
