@@ -37,6 +37,38 @@ def stages_from(first: str) -> list[str]:
     return [s for s in all_stages() if stage_number(s) >= stage_number(first)]
 
 
+def has_config_chain(stage) -> bool:
+    """Does `stage` (a name or a loaded module) take its settings from s11's chain?"""
+    return stage_number(stage) >= 11 if isinstance(stage, str) else hasattr(stage, "load_config")
+
+
+def started_session(stage, *argv: str):
+    """open_session() as main() calls it: from s11 on, with the configuration chain."""
+    args = stage.parse_args(list(argv))
+    if has_config_chain(stage):
+        return stage.open_session(args, stage.load_config(args))
+    return stage.open_session(args)
+
+
+def started_retry_policy(stage, session, *argv: str):
+    args = stage.parse_args(list(argv))
+    if has_config_chain(stage):
+        return stage.retry_policy_from_config(stage.load_config(args), session)
+    return stage.retry_policy_from_args(args, session)
+
+
+def started_permissions(stage, *argv: str):
+    args = stage.parse_args(list(argv))
+    if has_config_chain(stage):
+        return stage.permissions_from_config(stage.load_config(args))
+    return stage.permissions_from_args(args)
+
+
+def flag_error(stage, flag: str) -> str:
+    """How a bad flag value's message starts: argparse's, or the chain's from s11 on."""
+    return f"error: {flag}: " if has_config_chain(stage) else f"argument {flag}: "
+
+
 def first_and_newest(stages: list[str]) -> list[str]:
     """The stage that introduced a feature and the newest stage, for the few tests that
     need a real process and real seconds. The code in between is the same text (checked by

@@ -12,7 +12,8 @@ import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
 from helpers import (clean_env, first_and_newest, fresh_stage, load_stage, pairing_problems,
-                     pid_of_running_command, run_main, stages_from, start_agent, type_line)
+                     pid_of_running_command, run_main, stages_from, start_agent,
+                     started_session, type_line)
 
 STAGES = stages_from("s03")
 
@@ -164,7 +165,7 @@ def test_a_hand_edited_database_gives_clear_errors(stage, db_path, monkeypatch, 
     with store.db:
         store.db.execute(edit)
     monkeypatch.setenv("LEARN_HERMES_HOME", str(db_path.parent))
-    session = stage.open_session(stage.parse_args([]))
+    session = started_session(stage)
     stage.show_sessions(session, "")
     assert stage.resume_session(session, broken.session_id) is resumes
     out, err = capsys.readouterr()

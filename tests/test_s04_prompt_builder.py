@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, reply
-from helpers import load_stage, repl_output, run_main, stages_from
+from helpers import load_stage, repl_output, run_main, stages_from, started_session
 
 STAGES = stages_from("s04")
 
@@ -674,7 +674,7 @@ def test_prompt_is_built_once_and_reused_byte_for_byte(stage, project, monkeypat
     (folder / "AGENTS.md").write_text("Version one of the rules.\n")
     with FakeOpenAI([reply("a"), reply("b"), reply("c")]) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.url)
-        session = stage.open_session(stage.parse_args([]))
+        session = started_session(stage)
         stage.run_turn(session, "first")
         (folder / "AGENTS.md").write_text("Version two of the rules.\n")
         stage.run_turn(session, "second")

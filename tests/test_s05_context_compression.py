@@ -14,7 +14,8 @@ import sqlite3
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
-from helpers import load_stage, pairing_problems, repl_output, run_main, stages_from
+from helpers import (flag_error, load_stage, pairing_problems, repl_output, run_main,
+                     stages_from, started_session)
 
 STAGES = stages_from("s05")
 
@@ -708,14 +709,12 @@ def env_with_home(home):
 def test_context_length_must_be_a_positive_whole_number(stage, value):
     run = run_main(stage_name(stage), "--context-length", value, "-p", "hi")
     assert run.returncode == 2
-    assert "argument --context-length: " in run.stderr
+    assert flag_error(stage, "--context-length") in run.stderr
 
 
 def test_context_length_reaches_the_session(stage):
-    assert stage.parse_args([]).context_length == stage.DEFAULT_CONTEXT_LENGTH
-    args = stage.parse_args(["--context-length", "5000", "--offline"])
-    assert args.context_length == 5000
-    assert stage.open_session(args).context_length == 5000
+    assert started_session(stage).context_length == stage.DEFAULT_CONTEXT_LENGTH
+    assert started_session(stage, "--context-length", "5000", "--offline").context_length == 5000
     assert stage.Session(None, "m", "u", 3).context_length == stage.DEFAULT_CONTEXT_LENGTH
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from fake_openai import (FakeOpenAI, call, dropped_connection, http_error, no_answer,
                          reply)
-from helpers import clean_env, load_stage, pairing_problems, repl_output, run_main, stages_from
+from helpers import (clean_env, load_stage, pairing_problems, repl_output, run_main,
+                     stages_from, started_retry_policy)
 
 STAGES = stages_from("s06")
 NOW = 1_700_000_000.0                   # a fixed "now" for HTTP dates
@@ -451,17 +452,14 @@ def test_recovery_command_shows_the_settings(stage_name, tmp_path):
     assert "  fallback    none (--fallback-model, --fallback-base-url)" in plain.stdout
 
 
-def test_retry_policy_from_args(stage):
-    args = stage.parse_args([])
+def test_the_retry_policy_comes_from_the_command_line(stage):
     session = type("S", (), {"client": "primary"})()
-    policy = stage.retry_policy_from_args(args, session)
+    policy = started_retry_policy(stage, session)
     assert (policy.max_retries, policy.fallback_client, policy.fallback_model) == (3, None, None)
-    args = stage.parse_args(["--fallback-model", "b", "--max-retries", "4"])
-    policy = stage.retry_policy_from_args(args, session)
+    policy = started_retry_policy(stage, session, "--fallback-model", "b", "--max-retries", "4")
     assert (policy.max_retries, policy.fallback_client, policy.fallback_model) == (4, "primary",
                                                                                    "b")
-    args = stage.parse_args(["--fallback-base-url", "http://127.0.0.1:9/v1"])
-    policy = stage.retry_policy_from_args(args, session)
+    policy = started_retry_policy(stage, session, "--fallback-base-url", "http://127.0.0.1:9/v1")
     assert str(policy.fallback_client.base_url) == "http://127.0.0.1:9/v1/"
     assert policy.fallback_model is None
 

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, repl_output, run_main,
-                     stages_from)
+from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, repl_output,
+                     run_main, stages_from, started_session)
 
 STAGES = stages_from("s07")
 
@@ -629,7 +629,7 @@ def test_a_write_persists_but_the_running_prompt_stays_byte_identical(stage, hom
     saving = {"action": "add", "target": "user", "content": "Prefers short answers"}
     with FakeOpenAI(script_memory_turn(saving) + [reply("ok")]) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.url)
-        session = stage.open_session(stage.parse_args([]))
+        session = started_session(stage)
         first_prompt = session.messages[0]["content"]
         assert stage.run_turn(session, "remember that I like short answers")
         assert stage.run_turn(session, "thanks")
@@ -679,7 +679,7 @@ def test_the_model_drives_the_tool_and_a_refusal_reaches_it(stage, home, project
 
 
 def test_arguments_of_the_wrong_type_stop_at_the_door(stage, home):
-    offered = {"memory": stage.MEMORY_SCHEMA}
+    offered = {"memory": stage.MEMORY_ENTRY.schema}
     args, error = stage.validate_tool_call(
         "memory", json.dumps({"action": "add", "target": "memory", "content": 42}), offered)
     assert args is None and "argument 'content' must be of type string" in error
@@ -791,7 +791,7 @@ def test_the_demo_restores_the_environment_and_the_folder(stage, home, tmp_path,
     if not home_set:
         monkeypatch.delenv("LEARN_HERMES_HOME")
     monkeypatch.chdir(tmp_path)
-    session = stage.open_session(stage.parse_args(["--demo"]))
+    session = started_session(stage, "--demo")
     assert stage.run_demo(session) == 0
     assert os.environ.get("LEARN_HERMES_HOME") == (str(home) if home_set else None)
     assert Path.cwd() == tmp_path

@@ -12,7 +12,8 @@ import os
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import clean_env, load_stage, pairing_problems, repl_output, run_main, stages_from
+from helpers import (clean_env, load_stage, pairing_problems, repl_output, run_main,
+                     stages_from, started_session)
 
 STAGES = stages_from("s08")
 
@@ -686,7 +687,7 @@ def test_the_prompt_is_built_once_per_session(stage, home, monkeypatch, tmp_path
                                                      "content": content})),
                      reply("saved"), reply("second turn"), reply("new session")]) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.url)
-        session = stage.open_session(stage.parse_args([]))
+        session = started_session(stage)
         stage.run_turn(session, "save a skill")
         stage.run_turn(session, "again")
         stage.close_session(session)

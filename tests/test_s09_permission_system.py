@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
-from helpers import (AGENTS, clean_env, first_and_newest, load_stage, marks, pairing_problems,
-                     repl_output, run_main, stages_from, stub_programs, stubbed_work_folder)
+from helpers import (AGENTS, clean_env, first_and_newest, has_config_chain, load_stage, marks,
+                     pairing_problems, repl_output, run_main, stages_from, started_permissions,
+                     started_session, stub_programs, stubbed_work_folder)
 
 STAGES = stages_from("s09")
 STUBBED = ("rm", "chmod", "git", "shutdown", "reboot", "python3")
@@ -293,6 +294,11 @@ def test_yolo_and_mode_off_run_the_dangerous_tier_without_asking(stage, monkeypa
 
 @pytest.mark.parametrize("value", ["0", "", "no", "off", "2", "yolo"])
 def test_other_values_of_hermes_yolo_mode_leave_it_off(stage, monkeypatch, work, value):
+    if value in ("2", "yolo") and has_config_chain(stage):     # s11: neither yes nor no
+        result = run_main(stage, "-p", "hi", env=clean_env(HERMES_YOLO_MODE=value))
+        assert result.returncode == 2 and (f"error: HERMES_YOLO_MODE: approvals.yolo: expected "
+                                           f"true or false, got '{value}'") in result.stderr
+        return
     _, _, reader = loop(stage, monkeypatch, commands("rm -rf build"), answers=["d"],
                         env={"HERMES_YOLO_MODE": value})
     assert reader.asked == 1 and marks(work) == []
@@ -309,7 +315,7 @@ def test_yolo_is_read_once_at_start_up(stage, gate, monkeypatch, work):
                         answers=[switch_on_then_deny, "d"])
     assert reader.asked == 2 and marks(work) == []
     monkeypatch.setenv("HERMES_YOLO_MODE", "1")
-    started_on = stage.permissions_from_args(stage.parse_args([]))
+    started_on = started_permissions(stage)
     monkeypatch.delenv("HERMES_YOLO_MODE")
     assert started_on.yolo_source == "HERMES_YOLO_MODE"
     assert gate("rm -rf c", None, started_on) is None
@@ -836,13 +842,18 @@ def test_permissions_shows_the_policy_and_the_approvals(stage, work, home, tmp_p
     assert "  write root    none (--write-root)" in default
 
 
-@pytest.mark.parametrize("argv,message", [
-    (("--approval-timeout", "0"), "must be at least 1"),
-    (("--approval-mode", "auto"), "invalid choice: 'auto'"),
-    (("--write-root", "no-such-folder"), "no-such-folder is not an existing folder")])
-def test_bad_flags_give_one_line(stage, work, argv, message):
+@pytest.mark.parametrize("argv,message,chain_message", [
+    (("--approval-timeout", "0"), "must be at least 1", "must be from 1 to 3,600 seconds, got 0"),
+    (("--approval-mode", "auto"), "invalid choice: 'auto'",
+     "expected one of manual, smart, off, got 'auto'"),
+    (("--write-root", "no-such-folder"), "no-such-folder is not an existing folder",
+     "expected an existing folder, got 'no-such-folder'")])
+def test_bad_flags_give_one_line(stage, work, argv, message, chain_message):
     result = run_main(stage, *argv)
+    if has_config_chain(stage):                             # s11 checks every flag itself
+        message = chain_message
     assert result.returncode == 2 and message in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
 
 
 # ── self-protection ───────────────────────────────────────────────────────
@@ -1152,7 +1163,7 @@ def test_commands_run_without_secrets(stage, work, monkeypatch):
 def test_the_demo_keeps_the_machine_safe_and_restores_everything(stage_name, work, capsys):
     stage = load_stage(stage_name)
     before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
-    session = stage.open_session(stage.parse_args(["--demo"]))
+    session = started_session(stage, "--demo")
     assert stage.run_demo(session) == 0
     out = capsys.readouterr().out
     steps = [out.index(f"\n{number}. ") for number in range(1, 7)] + [len(out)]

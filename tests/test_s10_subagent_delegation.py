@@ -23,7 +23,7 @@ import pytest
 from fake_openai import FakeOpenAI, call, http_error, no_answer, reply
 from helpers import (dies_soon, load_stage, marks, pairing_problems, pid_alive, pid_in_file,
                      pid_of_running_command, run_main, stages_from, start_agent,
-                     stubbed_work_folder, type_line)
+                     started_session, stubbed_work_folder, type_line)
 
 STAGES = stages_from("s10")
 STUBBED = ("rm",)
@@ -1001,7 +1001,7 @@ def test_the_delegation_command_describes_the_settings(stage, work):
 def test_the_demo_shows_children_limits_and_both_budgets(stage_name, work, capsys):
     stage = load_stage(stage_name)
     before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
-    session = stage.open_session(stage.parse_args(["--demo"]))
+    session = started_session(stage, "--demo")
     assert stage.run_demo(session) == 0
     captured = capsys.readouterr()
     out = captured.out

@@ -29,6 +29,7 @@ STAGE_FLAGS = {
     "s08_skills": [],
     "s09_permission_system": ["--yolo", "--approval-mode", "--approval-timeout", "--write-root"],
     "s10_subagent_delegation": ["--child-budget", "--child-approvals", "--heartbeat-interval"],
+    "s11_config_chain": ["--config", "--profile", "--show-config"],
 }
 
 # What each stage's --demo promises to show (read its run_demo): evidence that the
@@ -136,6 +137,23 @@ DEMO_PROMISES = {
         "build still exists: True",
         "budget_exhausted after ",
         "children completed: 3 of 3",
+    ],
+    "s11_config_chain": [
+        "+ nothing set                            approvals.timeout = 60  from default",
+        "approvals.timeout = 45  from config.yaml:approvals.timeout",
+        "approvals.timeout = 30  from HERMES_APPROVAL_TIMEOUT",
+        "approvals.timeout = 20  from --approval-timeout",
+        "approvals.timeout = 10  from managed:approvals.timeout",
+        "warning: --approval-timeout is ignored: approvals.timeout is locked by the managed "
+        "configuration (",
+        "approvals.timeout: expected whole seconds, got 'soon'",
+        "approvals.mode = 'off'",
+        "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?)",
+        "BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
+        "stub rm: -r build",
+        "config.yaml is a policy file of this agent",
+        "BLOCKED (self-protection): this command may write ",
+        "Who decides a setting? Strongest first: the managed file",
     ],
 }
 
