@@ -6810,6 +6810,10 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             raise ConfigError(f"{where}: {key} is given twice (first on line {seen[key]})")
         seen[key] = key_node.start_mark.line + 1
         if key in SETTINGS_BY_KEY:
+            earlier = next((entry.where for entry in entries if entry.key == key), None)
+            if earlier is not None:     # approvals.mode: beside approvals: → mode:
+                raise ConfigError(f"{where}: {key} is given twice (first on line "
+                                  f"{earlier.rpartition(':')[2]})")
             raw = node_value(value_node, where, key, environ)
             entries.append(Entry(key, raw, f"{label}:{key}", where))
         elif isinstance(value_node, yaml.MappingNode):
@@ -6980,11 +6984,9 @@ def commands_run(command: str) -> list[str] | None:
 
 
 def chain_files() -> list[Path]:
-    """The config files outside the state folder that this run read (--config, the
-    managed file): protected by their exact path and name."""
-    home = Path(os.path.realpath(hermes_home()))
-    return [file for file in (CONFIG.files if CONFIG else [])
-            if Path(os.path.realpath(file)).parent != home]
+    """The config files that this run read (config.yaml, --config, the managed file),
+    also a --config file in the state folder: protected by their exact path and name."""
+    return list(CONFIG.files) if CONFIG else []
 
 
 def chain_file_written(command: str) -> Path | None:
