@@ -6745,11 +6745,13 @@ def profile_home(base: Path, name: str) -> Path:
 
 
 def managed_file(environ) -> Path | None:
-    """$LEARN_HERMES_MANAGED if set (it must exist), else the system file if present."""
+    """The system file whenever it exists: a variable the user sets cannot lift an
+    administrator's locks. Without one, $LEARN_HERMES_MANAGED if set (it must exist),
+    so a class or a test can try the managed layer without root."""
+    if DEFAULT_MANAGED_FILE.is_file():
+        return DEFAULT_MANAGED_FILE
     named = environ.get(MANAGED_ENV_VAR, "").strip()
-    if named:
-        return Path(named).expanduser()
-    return DEFAULT_MANAGED_FILE if DEFAULT_MANAGED_FILE.is_file() else None
+    return Path(named).expanduser() if named else None
 
 # ── [s11] Reading and checking values ───────────────────────────────────────
 

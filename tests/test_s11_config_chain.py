@@ -360,7 +360,11 @@ def test_the_system_managed_file_is_read_when_present(stage, home, tmp_path, mon
     assert config["approvals.mode"] == "smart" and config.files == [system]
     assert config.read_from[1] == f"managed file: {system}"
     assert stage.managed_file({stage.MANAGED_ENV_VAR: "  "}) == system
-    named = tmp_path / "named.yaml"
+    named = tmp_path / "named.yaml"             # the user's variable cannot lift the locks
+    named.write_text("approvals:\n  mode: off\n")
+    config = chain(stage, home, **{stage.MANAGED_ENV_VAR: str(named)})
+    assert config["approvals.mode"] == "smart" and config.files == [system]
+    system.unlink()
     assert stage.managed_file({stage.MANAGED_ENV_VAR: str(named)}) == named
 
 
@@ -535,6 +539,8 @@ def test_the_threshold_range_holds_at_both_ends(stage, home):
     for text in ("0.09", "0.96", "inf"):
         assert "compression.threshold: must be from 0.1 to 0.95" in \
             chain_error(stage, home, HERMES_COMPRESSION_THRESHOLD=text)
+    assert chain_error(stage, home, HERMES_COMPRESSION_THRESHOLD="1").endswith(
+        "must be from 0.1 to 0.95, got 1.0")                   # a float, also when whole
 
 
 def test_a_file_too_large_or_not_a_file_or_not_text_is_refused(stage, home):
@@ -704,6 +710,8 @@ def test_show_config_prints_one_row_per_key_and_exits(stage, isolated_home):
     rows = table(result.stdout)
     assert [row[0] for row in rows] == [setting.key for setting in stage.SETTINGS]
     assert {row[2] for row in rows} == {"default"}
+    header = next(line for line in result.stdout.splitlines() if line.startswith("┃"))
+    assert header.strip("┃ ").split() == ["key", "┃", "value", "┃", "source"]
     assert ("approvals.timeout", "60", "default") in rows
     assert ("approvals.yolo", "false", "default") in rows
     assert ("approvals.deny", "(empty)", "default") in rows
@@ -1011,6 +1019,16 @@ def test_a_command_too_complex_to_read_matches_the_first_rule(stage):
     assert stage.commands_run("sudo rm -rf x; ls -la") == ["rm -rf x", "ls -la"]
 
 
+def test_a_deny_check_leaves_nothing_of_its_analysis_behind(stage, tmp_path, monkeypatch):
+    """The paths (HOME read once) and the glob budget of one check belong to that check:
+    afterwards, this thread's detector reads HOME again and has no budget to use up."""
+    assert stage.deny_rule_matched("ls ~/x /e*", ("rm *",)) is None
+    monkeypatch.setenv("HOME", str(tmp_path / "later"))
+    assert stage.resolve("~/notes") == str(tmp_path / "later" / "notes")
+    patterns = [f"[e]tc{'?' * n}" for n in range(stage.MAX_GLOB_PATTERNS + 1)]
+    assert [stage.is_system_dir(pattern) for pattern in patterns][:2] == [True, False]
+
+
 def test_hardline_and_self_protection_come_before_the_deny_rules(stage, home, work):
     (home / "config.yaml").write_text("approvals:\n  deny: ['*']\n")
     turns = [reply("", call("terminal", {"command": "rm -rf /"}, "c0"),
@@ -1184,6 +1202,10 @@ def test_chain_files_and_profile_policy_files(stage, home, tmp_path):
     assert stage.chain_file_written("vim team.yaml") == team
     assert stage.chain_file_written("ls team.yaml") is None
     assert stage.chain_file_written("echo x > other.yaml") is None
+    (tmp_path / "alias").symlink_to(team)           # a name that does not say team.yaml
+    os.chdir(tmp_path)
+    assert stage.chain_file_written("echo x > alias") == team
+    assert stage.chain_file_written("echo x > alias-not") is None
 
 
 # ── the demo ──────────────────────────────────────────────────────────────
@@ -1196,6 +1218,8 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
     assert result.returncode == 0
     out = result.stdout
     expected = [
+        "1. One key, four layers. Each step adds a layer that sets approvals.timeout; the "
+        "strongest one wins:",
         "  + nothing set                            approvals.timeout = 60  from default",
         "  + config.yaml: approvals: timeout: 45    approvals.timeout = 45  from "
         "config.yaml:approvals.timeout",
@@ -1208,11 +1232,14 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: config.yaml:approvals.timeout is ignored: approvals.timeout is locked",
         "  warning: HERMES_APPROVAL_TIMEOUT is ignored:",
         "  warning: --approval-timeout is ignored:",
+        "2. Mistakes in config.yaml are named with their line; a bad value refuses the "
+        "start, never a silent default:",
         "  approvals: timeout: soon",
         "approvals.timeout: expected whole seconds, got 'soon'",
         "  approvals.mode = 'off' (YAML itself would read off as false)",
         "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?); ignored",
         "  approvals.mode = 'manual'\n",
+        "3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
