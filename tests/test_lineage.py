@@ -259,6 +259,28 @@ LINEAGE = {
                     "parse_args", "open_session", "HELP_TEXT", "run_demo", "DEMO_INPUTS",
                     "OFFLINE_HELP", "offline_reply"],
     },
+    "s12_checkpoints": {
+        "added": ["CHECKPOINTS_DIR_NAME", "CHECKPOINT_REFS", "SHORT_ID_CHARS", "MAX_SNAPSHOTS",
+                  "MAX_FILES", "MAX_FILE_SIZE_MB", "CheckpointError", "Checkpoint", "Restored",
+                  "CheckpointManager", "CHECKPOINTS", "checkpoint_before_change",
+                  "checkpoint_before_command", "command_may_change_files", "GIT_TIMEOUT",
+                  "MAX_REASON_CHARS", "DEFAULT_EXCLUDES", "EXACT_ATTRIBUTES", "GIT_SETTINGS",
+                  "LIST_FORMAT", "RECORD_END", "CHECKPOINT_ID", "GIT_OPTION_WITH_VALUE",
+                  "GIT_REWRITES", "PROJECT_MARKERS", "project_key", "project_root",
+                  "never_checkpointed", "git_environment", "git_command_name",
+                  "git_rewrites_files", "numstat_totals", "one_line", "listed_checkpoint",
+                  "checked_id", "left_out_note", "show_checkpoint_note", "open_checkpoint_store",
+                  "state_folder_exclude", "stage_tree", "look_at_tree", "MAX_NAMED_CHANGES",
+                  "nested_repositories", "too_large", "excluded", "prune", "find_checkpoint",
+                  "checked_path", "remove_stale_lock", "warn_once", "MAX_DIFF_LINES", "CHECKPOINTS_OFF",
+                  "use_checkpoints", "checkpoints_from_config", "off_flag", "rollback_command",
+                  "COMMANDS['/rollback']", "checkpoint_number", "show_checkpoints",
+                  "show_checkpoint_diff", "diff_style", "show_restored", "describe_checkpoints",
+                  "DEMO_FILES", "demo_checkpoints", "DEMO_ROLLBACKS", "show_demo_folder"],
+        "changed": ["STAGE", "STAGE_TITLE", "write_file", "patch", "terminal_tool",
+                    "build_settings", "flag_entries", "add_setting_flag", "run_turn", "main",
+                    "HELP_TEXT", "run_demo", "DEMO_INPUTS", "OFFLINE_HELP", "offline_reply"],
+    },
 }
 
 BANNER = re.compile(r"^# ── (?:\[(s\d\d)\] )?(.+?) ─+$", re.MULTILINE)

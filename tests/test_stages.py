@@ -30,6 +30,7 @@ STAGE_FLAGS = {
     "s09_permission_system": ["--yolo", "--approval-mode", "--approval-timeout", "--write-root"],
     "s10_subagent_delegation": ["--child-budget", "--child-approvals", "--heartbeat-interval"],
     "s11_config_chain": ["--config", "--profile", "--show-config"],
+    "s12_checkpoints": ["--checkpoints", "--no-checkpoints"],
 }
 
 # What each stage's --demo promises to show (read its run_demo): evidence that the
@@ -154,6 +155,24 @@ DEMO_PROMISES = {
         "config.yaml is a policy file of this agent",
         "BLOCKED (self-protection): this command may write ",
         "Who decides a setting? Strongest first: the managed file",
+    ],
+    "s12_checkpoints": [
+        "s12> write todo.txt buy milk\n  → write_file {\"path\": \"todo.txt\", \"content\": "
+        "\"buy milk\"}\n  [checkpoint ",
+        ": before write_file todo.txt]\n  ←",
+        ": before terminal: truncate -s 0 notes.txt && mv app.py app.old && echo oops > "
+        "scratch.txt]\n  ← exit 0",
+        "the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env unchanged: True",
+        "newest first (files and lines: what changed since the one before):",
+        "  1 file(s), +1 -0  before terminal: truncate -s 0 notes.txt",
+        "  3 file(s), +5 -0  before write_file todo.txt",
+        "-Every change can be taken back.\n-So the agent may act.",
+        "+oops",
+        "s12> /rollback 1\nrestored the project to checkpoint ",
+        "the folder: notes.txt has 2 line(s); present: app.py; .env unchanged: True",
+        "(before rollback to ",
+        "4 checkpoint(s) of ",
+        "Only you can roll back (I have no tool for it)",
     ],
 }
 

@@ -145,6 +145,23 @@ def record(spec: dict, folder: Path) -> tuple[list, int]:
 
 # ── Masking what differs between machines ─────────────────────────────────
 
+def checkpoint_ids(state: Path) -> list[tuple[re.Pattern, str]]:
+    """s12's checkpoints are git commits, and a commit's id depends on the time it was
+    made: each id (whole, or shortened as /rollback shows it) becomes <id N>, N being the
+    checkpoint's ref number in the shadow store (1 = the first taken)."""
+    refs = {}
+    for store in sorted((state / "checkpoints").glob("*")):
+        for ref in sorted((store / "refs" / "checkpoints").glob("*")):
+            refs[ref.read_text(encoding="utf-8").strip()] = int(ref.name)
+        packed = store / "packed-refs"              # never written by s12, but git may
+        for line in packed.read_text(encoding="utf-8").splitlines() if packed.is_file() else []:
+            commit, _, name = line.partition(" ")
+            if name.startswith("refs/checkpoints/"):
+                refs.setdefault(commit, int(name.rpartition("/")[2]))
+    return [(re.compile(rf"(?<![0-9a-f]){commit[:length]}(?![0-9a-f])"), f"<id {number}>")
+            for commit, number in refs.items() for length in (40, 7)]
+
+
 def masks(folder: Path) -> list[tuple[re.Pattern, str]]:
     """What changes from run to run or machine to machine, and what it is shown as.
     A later stage that prints something new of this kind adds a pattern here
@@ -156,7 +173,8 @@ def masks(folder: Path) -> list[tuple[re.Pattern, str]]:
     same_system = f"{SameMachine.system()} {SameMachine.release()}"
     real_release = [(re.compile(re.escape(platform.release())), "<release>")] \
         if len(platform.release()) >= 5 else []            # e.g. `uname -r` in a command
-    return ([(re.compile(re.escape(path)), shown) for path, shown in places]
+    return (checkpoint_ids(folder / "state")
+            + [(re.compile(re.escape(path)), shown) for path, shown in places]
             + [(re.compile(re.escape(same_system)), "<os> <release>")] + real_release
             + [
                (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),

@@ -1,0 +1,497 @@
+"""s12: what the chapter shows about checkpoints is what the code does.
+
+docs/en/s12-checkpoints.md has
+
+- in "How it works", the table of GIT_SETTINGS (every setting given to git is named, and
+  nothing else), the table of commands and whether each gets a checkpoint first
+  (command_may_change_files()), the table of the checkpoints.* settings (key, default,
+  description from SETTINGS), the user's own .git staying byte-identical, a file the
+  checkpoint does not have being removed by a one-path restore, and --show-config naming
+  --no-checkpoints;
+- in "Under attack", the table of bad /rollback input and what the agent prints (each is
+  typed into a REPL, and neither the project nor the checkpoints change), `git checkout .`
+  undone by /rollback 1, the user's git setup (GIT_DIR, GIT_INDEX_FILE, a global config
+  with signing, hooks and excludes, a .gitattributes with eol=crlf) reaching no checkpoint,
+  names that look like options or pathspec magic, the state folder refused to a terminal
+  command, and the limits in "What the guards cannot see" (commands that change files
+  unseen, write_file into the store, a file ignored then and not now is deleted by a
+  rollback: each test fails once a stage closes the gap, and says to update the chapter);
+- in "Compared with Hermes", that `git checkout <id> -- .` leaves files created since,
+  and the restore of this stage does not;
+- in "Try it", the piped REPL in a git repository;
+- in "Exercises", exercise 1's /rollback list, exercise 2's patch (it applies to the stage
+  file, and the patched stage counts builds and archives), and exercise 3's table of
+  changes that a rollback does not undo.
+
+The tables are read from the chapter, so the chapter cannot show what the code does not do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, fresh_stage, repl_output, run_main, stages_from
+
+STAGE = "s12_checkpoints"
+CHAPTER = ROOT / "docs" / "en" / "s12-checkpoints.md"
+STAGES = stages_from("s12")
+CODE = re.compile(r"`([^`]+)`")
+PROMPT = "s12> "
+USER_GIT = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def chapter() -> str:
+    return CHAPTER.read_text(encoding="utf-8") if CHAPTER.exists() else ""
+
+
+def cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def table(header_start: str) -> list[list[str]]:
+    """The body rows of the chapter's table whose first header cell starts so ([] if
+    there is none: the tests that read it then fail, and collection does not)."""
+    found, current = [], []
+    for line in chapter().splitlines() + [""]:
+        if line.strip().startswith("|"):
+            current.append(line.strip())
+        elif current:
+            found.append(current)
+            current = []
+    for lines in found:
+        if cells(lines[0])[0].startswith(header_start):
+            return [cells(line) for line in lines[2:]]
+    return []
+
+
+def part_of(heading: str) -> str:
+    text = chapter()
+    start = text.index(heading)
+    end = text.find("\n### ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def fenced(text: str, language: str) -> list[str]:
+    """The bodies of the ```language blocks of `text`, their indentation removed."""
+    found = re.findall(rf"^( *)```{language}\n(.*?)^\1```$", text, re.MULTILINE | re.DOTALL)
+    return ["\n".join(line[len(indent):] for line in body.splitlines()) + "\n"
+            for indent, body in found]
+
+
+def git(folder: Path, *args: str) -> str:
+    """git as the user runs it in their own repository (no config of this machine's)."""
+    done = subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@x", *args],
+                          cwd=folder, capture_output=True, text=True, check=True,
+                          env={**os.environ, **USER_GIT})
+    return done.stdout
+
+
+def folder_bytes(folder: Path) -> dict:
+    return {path.relative_to(folder).as_posix(): path.read_bytes()
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def tree(folder: Path) -> dict:
+    """Every file below `folder` (not its .git) and its bytes."""
+    return {path: data for path, data in folder_bytes(folder).items()
+            if not path.startswith(".git/")}
+
+
+def a_project(tmp_path: Path, files: dict | None = None, repository: bool = False) -> Path:
+    """tmp_path/app: a project (pyproject.toml), with `files`; HOME is tmp_path."""
+    app = tmp_path / "app"
+    app.mkdir()
+    for name, text in {"pyproject.toml": "[project]\n", **(files or {})}.items():
+        (app / name).parent.mkdir(parents=True, exist_ok=True)
+        (app / name).write_text(text, encoding="utf-8")
+    if repository:
+        git(app, "init", "-q")
+        git(app, "add", ".")
+        git(app, "commit", "-q", "-m", "the user's commit")
+    return app
+
+
+def agent_env(tmp_path: Path, **extra: str) -> dict:
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+            "LEARN_HERMES_HOME": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "300",
+            **extra}
+
+
+def repl(stage, tmp_path: Path, project: Path, lines: list[str], *argv: str, **env):
+    run = run_main(stage, *argv, stdin="".join(line + "\n" for line in lines),
+                   env=agent_env(tmp_path, **env), cwd=project)
+    assert run.returncode == 0, run.stderr
+    return run
+
+
+def checkpoints_of(stage: str, project: Path, home: Path) -> list:
+    return fresh_stage(stage).CheckpointManager(project, home).list()
+
+
+# ── How it works ───────────────────────────────────────────────────────────
+
+def test_the_git_settings_table_names_every_setting_given_to_git():
+    s12 = fresh_stage(STAGE)
+    names = [name for row in table("setting") for name in CODE.findall(row[0])
+             if not name.startswith("/")]
+    assert {name.partition("=")[0] for name in names} == \
+        {setting.partition("=")[0] for setting in s12.GIT_SETTINGS}
+    for name in names:
+        if "=" in name:                                 # a value shown is the value given
+            assert name in s12.GIT_SETTINGS, name
+    assert f"core.hooksPath={os.devnull}" in s12.GIT_SETTINGS
+    assert f"core.excludesFile={os.devnull}" in s12.GIT_SETTINGS
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_commands_table_says_which_commands_get_a_checkpoint(stage):
+    s12 = fresh_stage(stage)
+    rows = table("command")
+    assert len(rows) >= 8, "a table 'command | a checkpoint first? | why'"
+    for row in rows:
+        command, answer = CODE.findall(row[0])[0], row[1]
+        assert answer in ("yes", "no"), row
+        assert s12.command_may_change_files(command) == (answer == "yes"), command
+
+
+def test_the_settings_table_is_the_checkpoints_rows_of_SETTINGS():
+    s12 = fresh_stage(STAGE)
+    rows = {row[0]: row for row in table("key")}
+    wanted = [s for s in s12.SETTINGS if s.key.startswith("checkpoints.")]
+    assert sorted(rows) == sorted(s.key for s in wanted)
+    for setting in wanted:
+        default = "true" if setting.default is True else str(setting.default)
+        assert rows[setting.key][1] == f"`{default}`", setting.key
+        if setting.kind != "bool":
+            assert rows[setting.key][2] == setting.help, setting.key
+    assert s12.SETTINGS_BY_KEY["checkpoints.enabled"].flag == "--checkpoints"
+    assert (s12.MAX_SNAPSHOTS, s12.MAX_FILES, s12.MAX_FILE_SIZE_MB) == (20, 50_000, 10)
+    text = " ".join(chapter().split())
+    assert "`checkpoints.max_snapshots` (20)" in text
+    assert "`checkpoints.max_file_size_mb` (10 MB)" in text
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_show_config_names_the_no_checkpoints_flag(stage, tmp_path):
+    project = a_project(tmp_path)
+    run = run_main(stage, "--no-checkpoints", "--show-config", env=agent_env(tmp_path),
+                   cwd=project)
+    row = next(line for line in run.stdout.splitlines() if "checkpoints.enabled" in line)
+    assert cells(row.replace("│", "|"))[:3] == ["checkpoints.enabled", "false",
+                                                "--no-checkpoints"]
+    assert "`--show-config` shows `checkpoints.enabled` as `false`, from `--no-checkpoints`" \
+        in " ".join(chapter().split())
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_users_git_is_byte_identical_and_its_status_the_same(stage, tmp_path):
+    project = a_project(tmp_path, {"a.txt": "one\n"}, repository=True)
+    (project / "staged.txt").write_text("staged\n")
+    git(project, "add", "staged.txt")
+    before, status = folder_bytes(project / ".git"), git(project, "status", "--porcelain")
+    repl(stage, tmp_path, project, ["write a.txt two", "$ echo three > b.txt", "/rollback 2",
+                                    "/rollback 1", "/rollback diff 1", "/rollback 1"])
+    assert folder_bytes(project / ".git") == before     # index, refs, config: every byte
+    assert git(project, "status", "--porcelain") == status      # back where it started
+    assert "never read or written" in chapter()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_one_path_restore_removes_a_file_the_checkpoint_does_not_have(stage, tmp_path):
+    project = a_project(tmp_path)
+    run = repl(stage, tmp_path, project, ["write todo.txt buy milk", "/rollback 1 todo.txt"])
+    assert "restored 'todo.txt'" in run.stdout
+    assert not (project / "todo.txt").exists()
+    assert "that exists now is removed, as a file created since" in " ".join(chapter().split())
+
+
+# ── Under attack ───────────────────────────────────────────────────────────
+
+def bad_inputs() -> list[tuple[str, list[str]]]:
+    return [(CODE.findall(given)[0], CODE.findall(printed))
+            for given, printed in table("The input")]
+
+
+def test_the_chapter_has_the_table_of_bad_input():
+    assert len(bad_inputs()) >= 8, "a table 'The input | What the agent prints'"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_bad_rollback_input_prints_the_line_the_chapter_shows_and_changes_nothing(stage,
+                                                                                  tmp_path):
+    project = a_project(tmp_path, {"notes.txt": "one\n"}, repository=True)
+    (project / "outside").symlink_to("/etc")
+    repl(stage, tmp_path, project, ["write a.txt one", "$ echo two > b.txt"])
+    home = tmp_path / "state"
+    checkpoints, files = checkpoints_of(stage, project, home), tree(project)
+    assert len(checkpoints) == 2                        # "a project with two checkpoints"
+    own_commit = git(project, "rev-parse", "--short=7", "HEAD").strip()
+    shown_commit = re.search(r"/rollback ([0-9a-f]{7})`, the id of the user", chapter()).group(1)
+    inputs = [(given.replace(shown_commit, own_commit),
+               [text.replace(shown_commit, own_commit) for text in printed])
+              for given, printed in bad_inputs()]
+    run = repl(stage, tmp_path, project, [given for given, _ in inputs])
+    for given, printed in inputs:
+        said = repl_output(run.stdout, PROMPT, given)
+        assert said.startswith("error: ") and "\n" not in said, (given, said)
+        for text in printed:
+            assert text in said, (given, text, said)
+    assert checkpoints_of(stage, project, home) == checkpoints
+    assert tree(project) == files
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_git_checkout_dot_is_undone_by_rollback_1(stage, tmp_path):
+    project = a_project(tmp_path, {"work.py": "print('committed')\n"}, repository=True)
+    (project / "work.py").write_text("print('an hour of work')\n")
+    run = repl(stage, tmp_path, project, ["$ git checkout .", "/rollback 1"])
+    assert "[checkpoint " in repl_output(run.stdout, PROMPT, "$ git checkout .")
+    assert (project / "work.py").read_text() == "print('an hour of work')\n"
+    assert git(project, "status", "--porcelain") == " M work.py\n"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_users_git_setup_reaches_no_checkpoint(stage, tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "pre-commit").write_text("#!/bin/sh\ntouch \"$HOME/hook-ran\"\nexit 1\n")
+    (hooks / "pre-commit").chmod(0o755)
+    (tmp_path / "global-excludes").write_text("*.txt\n")
+    (tmp_path / ".gitconfig").write_text(
+        f"[commit]\n\tgpgsign = true\n[core]\n\thooksPath = {hooks}\n"
+        f"\texcludesFile = {tmp_path / 'global-excludes'}\n\tautocrlf = true\n"
+        f"[diff]\n\tnoprefix = true\n")                 # only GIT_CONFIG_GLOBAL stops this one
+    project = a_project(tmp_path, {".gitattributes": "* text eol=crlf\n"})
+    (project / "a.txt").write_bytes(b"one\ntwo\n")
+    env = {"GIT_DIR": str(tmp_path / "elsewhere"), "GIT_INDEX_FILE": str(tmp_path / "index")}
+    repl(stage, tmp_path, project, ["write b.txt x"], **env)
+    (project / "a.txt").write_bytes(b"changed\r\n")
+    run = repl(stage, tmp_path, project, ["/rollback diff 1", "/rollback 1"], **env)
+    assert "--- a/a.txt" in repl_output(run.stdout, PROMPT, "/rollback diff 1")
+    assert (project / "a.txt").read_bytes() == b"one\ntwo\n"
+    assert not (project / "b.txt").exists()
+    assert not (tmp_path / "hook-ran").exists()
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "index").exists()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_names_that_look_like_options_or_patterns_are_only_files(stage, tmp_path):
+    project = a_project(tmp_path, {"--force": "f\n", ":(glob)*": "g\n", "other.txt": "o\n"})
+    repl(stage, tmp_path, project, ["write new.txt x"])
+    for name in ("--force", ":(glob)*", "other.txt"):
+        (project / name).write_text("changed\n")
+    run = repl(stage, tmp_path, project, ["/rollback 1 :(glob)*"])
+    assert "restored ':(glob)*'" in run.stdout
+    assert (project / ":(glob)*").read_text() == "g\n"
+    assert (project / "--force").read_text() == "changed\n"     # only the one path
+    assert (project / "other.txt").read_text() == "changed\n"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_terminal_command_on_the_state_folder_is_refused(stage, tmp_path):
+    project = a_project(tmp_path)
+    env = agent_env(tmp_path)
+    del env["LEARN_HERMES_HOME"]                        # the default: ~/.learn-hermes
+    command = "$ rm -rf ~/.learn-hermes/checkpoints"
+    assert command[2:] in chapter()
+    run = run_main(stage, stdin=f"write a.txt one\n{command}\n", env=env, cwd=project)
+    assert "BLOCKED (self-protection)" in repl_output(run.stdout, PROMPT, command)
+    assert len(checkpoints_of(stage, project, tmp_path / ".learn-hermes")) == 1
+
+
+# What the guards cannot see: each test passes while the gap is open. When a stage closes
+# one, its test fails: update "What the guards cannot see" (and exercise 2) and the test.
+
+UNSEEN = ["python build.py", "make", "npm install", "tar xf a.tar"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_commands_that_change_files_unseen_get_no_checkpoint(stage):
+    s12 = fresh_stage(stage)
+    text = part_of("## Under attack")
+    for command in UNSEEN:
+        assert f"`{command}`" in text, command
+        assert not s12.command_may_change_files(command), (
+            f"{command!r} now gets a checkpoint: update the chapter's 'What the guards "
+            f"cannot see' and exercise 2")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_write_file_can_still_write_into_the_store(stage, tmp_path):
+    project = a_project(tmp_path)
+    repl(stage, tmp_path, project, ["write a.txt one"])
+    store = next((tmp_path / "state" / "checkpoints").iterdir())
+    ref = store / "refs" / "checkpoints" / "0000000001"
+    run = repl(stage, tmp_path, project, [f"write {ref} 0000000000000000000000000000000000000000",
+                                          "/rollback"])
+    assert "[landed]" in run.stdout, ("write_file into the store is refused now: update "
+                                      "'What the guards cannot see'")
+    assert "no checkpoints of" in repl_output(run.stdout, PROMPT, "/rollback")
+    assert "**`write_file` into the store.**" in chapter()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_file_ignored_then_and_not_now_is_deleted_and_rollback_1_brings_it_back(stage,
+                                                                                  tmp_path):
+    project = a_project(tmp_path, {".gitignore": "*.db\n", "local.db": "precious\n"})
+    run = repl(stage, tmp_path, project, ["write .gitignore # nothing ignored",
+                                          "/rollback 1"])
+    assert "restored the project" in run.stdout
+    assert (project / ".gitignore").read_text() == "*.db\n"
+    assert not (project / "local.db").exists(), ("a rollback keeps a file ignored then and "
+                                                 "not now: update 'What the guards cannot see'")
+    repl(stage, tmp_path, project, ["/rollback 1"])
+    assert (project / "local.db").read_text() == "precious\n"
+    assert "**A file left out then and not now.**" in chapter()
+
+
+# ── Compared with Hermes ───────────────────────────────────────────────────
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_hermes_checkout_leaves_files_created_since_and_restore_does_not(stage, tmp_path):
+    project = a_project(tmp_path, {"a.txt": "one\n"})
+    s12 = fresh_stage(stage)
+    m = s12.CheckpointManager(project, tmp_path / "state")
+    first = m.snapshot("first")
+    (project / "a.txt").write_text("two\n")
+    (project / "created.txt").write_text("since\n")
+    m.snapshot("second")
+    m.git("checkout", first, "--", ".")                 # Hermes's full restore
+    assert (project / "a.txt").read_text() == "one\n"
+    assert (project / "created.txt").exists()
+    (project / "a.txt").write_text("two\n")
+    m.restore(first)                                    # this stage's
+    assert (project / "a.txt").read_text() == "one\n"
+    assert not (project / "created.txt").exists()
+    assert "`git checkout <hash> -- .`: files created since stay" in chapter()
+
+
+# ── Try it ─────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_try_it_a_rollback_in_a_git_repository(stage, tmp_path):
+    block = fenced(part_of("## Try it"), "bash")[1]
+    lines = ["write a.txt two", "$ echo three > b.txt", "/rollback", "/rollback 2", "$ ls"]
+    assert "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) in block
+    assert "git init -q && printf 'one\\n' > a.txt" in block
+    app = tmp_path / "app"
+    app.mkdir()
+    git(app, "init", "-q")
+    (app / "a.txt").write_text("one\n")
+    repl(stage, tmp_path, app, lines)
+    assert (app / "a.txt").read_text() == "one\n" and not (app / "b.txt").exists()
+    assert git(app, "status", "--short") == "?? a.txt\n"
+    assert len(list((tmp_path / "state" / "checkpoints").iterdir())) == 1
+
+
+# ── Exercises ──────────────────────────────────────────────────────────────
+
+EXERCISE_1 = ["$ ls", "write a.txt one", "write a.txt one", "write a.txt one",
+              "$ cat a.txt > b.txt", "$ sed -i s/one/two/ a.txt"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_exercise_1_the_list_the_solution_shows(stage, tmp_path):
+    part = part_of("### 1. Predict")
+    command = fenced(part, "bash")[0]
+    assert "printf '%s\\n' " + " ".join(f"'{line}'" for line in EXERCISE_1) + " /rollback" \
+        in command
+    assert "mkdir app && cd app && touch pyproject.toml" in command
+    project = a_project(tmp_path)
+    (project / "pyproject.toml").write_text("")
+    run = repl(stage, tmp_path, project, EXERCISE_1 + ["/rollback"])
+    shown = repl_output(run.stdout, PROMPT, "/rollback").splitlines()[:-1]   # not the hint
+    shown[0] = shown[0].replace(str(project), "…/app")
+    shown = [re.sub(r"  [0-9a-f]{7}  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ", "  …  ", line)
+             for line in shown]
+    assert fenced(part, "text")[0].splitlines() == shown
+
+
+def diff_blocks() -> list[list[str]]:
+    return [body.splitlines() for body in fenced(chapter(), "diff")]
+
+
+def patched_source(block: list[str]) -> str:
+    source = (ROOT / "agents" / f"{STAGE}.py").read_text(encoding="utf-8")
+    before = "\n".join(line[1:] for line in block if line[:1] in (" ", "-")) + "\n"
+    after = "\n".join(line[1:] for line in block if line[:1] in (" ", "+")) + "\n"
+    assert source.count(before) == 1, block
+    return source.replace(before, after)
+
+
+def test_the_solutions_diffs_apply_to_the_stage_file():
+    blocks = diff_blocks()
+    assert blocks, "no ```diff block in the chapter"
+    for block in blocks:
+        patched_source(block)
+
+
+def test_exercise_2_the_patched_stage_counts_builds_and_archives(tmp_path):
+    part = part_of("### 2. Change")
+    path = tmp_path / f"{STAGE}.py"
+    path.write_text(patched_source(fenced(part, "diff")[0].splitlines()), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("patched_s12", path)
+    patched = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(patched)
+    check = fenced(part, "bash")[0]
+    commands = re.search(r"for c in (\[.*?\]):", check).group(1)
+    answers = [patched.command_may_change_files(c) for c in eval(commands)]   # noqa: S307
+    assert answers == [True, True, True, True, False, False]
+    for row in table("command"):                        # the chapter's "no" rows stay no
+        command = CODE.findall(row[0])[0]
+        assert patched.command_may_change_files(command) == (row[1] == "yes"), command
+    assert patched.command_may_change_files("npm test") and patched.command_may_change_files(
+        "tar tf a.tar")                                 # as the solution says
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_exercise_3_the_changes_a_rollback_does_not_undo(stage, tmp_path):
+    block = fenced(part_of("### 3. Break it"), "bash")[0]
+    for piece in ("echo TOKEN=1 > .env", "head -c 11000000 /dev/zero > data.csv",
+                  "echo v1 > v.txt", "echo kept > ../outside.txt", "echo one > a.txt",
+                  "'$ echo two > a.txt'", "head -c 12000000 /dev/zero > data.csv"):
+        assert piece in block, piece
+    project = a_project(tmp_path, {".env": "TOKEN=1\n", "node_modules/m.js": "x\n",
+                                   "vendor/lib/v.txt": "v1\n", "a.txt": "one\n"})
+    subprocess.run(["git", "init", "-q"], cwd=project / "vendor" / "lib", check=True,
+                   env={**os.environ, **USER_GIT})
+    (project / "data.csv").write_bytes(b"\0" * 11_000_000)
+    (tmp_path / "outside.txt").write_text("kept\n")
+    run = repl(stage, tmp_path, project, ["$ echo two > a.txt"])
+    note = "left out: 2 nested repositories or files over checkpoints.max_file_size_mb"
+    assert note in run.stdout and note in " ".join(chapter().split())
+    (project / ".env").write_text("TOKEN=2\n")
+    (project / "node_modules" / "m.js").unlink()
+    (project / "vendor" / "lib" / "v.txt").write_text("v2\n")
+    (tmp_path / "outside.txt").write_text("lost\n")
+    (project / "data.csv").write_bytes(b"\0" * 12_000_000)
+    repl(stage, tmp_path, project, ["/rollback 1"])
+    assert (project / "a.txt").read_text() == "one\n"
+    survived = {".env": (project / ".env").read_text() == "TOKEN=2\n",
+                "node_modules/m.js": not (project / "node_modules" / "m.js").exists(),
+                "vendor/lib/v.txt": (project / "vendor" / "lib" / "v.txt").read_text() == "v2\n",
+                "data.csv": (project / "data.csv").stat().st_size == 12_000_000,
+                "../outside.txt": (tmp_path / "outside.txt").read_text() == "lost\n"}
+    rows = [CODE.findall(row[0])[0] for row in table("Changed after the checkpoint")]
+    assert sorted(rows) == sorted(survived), rows
+    assert all(survived.values()), (f"a rollback now undoes {survived}: update exercise 3 "
+                                    f"and 'What the guards cannot see'")
+
+
+# ── The worked traces ──────────────────────────────────────────────────────
+
+def test_traces_show_checkpoint_ids_in_the_order_they_were_taken():
+    """A commit id depends on the time: tests/traces.py shows each as <id N>."""
+    import traces
+    spec = {"stage": STAGE, "input": ["write a.txt one", "write a.txt two", "/rollback"],
+            "files": {"pyproject.toml": ""}}
+    text = traces.trace(spec)
+    assert "[checkpoint <id 1>: before write_file a.txt]" in text
+    assert re.search(r"^ +1  <id 2>  <date> <time>  1 file\(s\)", text, re.MULTILINE), text
+    assert not re.search(r"(?<![0-9a-f])[0-9a-f]{7}(?![0-9a-f])", text.split("\n", 1)[1]), text
