@@ -909,6 +909,19 @@ def test_the_demo_shows_a_snapshot_a_diff_a_rollback_and_its_undo(stage, tmp_pat
     assert os.listdir(tmp_path) == []                   # all of it in its own temporary folder
 
 
+def test_the_checkpoints_verb_names_the_newest_five(stage, project, state):
+    m = manager(stage, project, state)
+    stage.use_checkpoints(m)
+    for number in range(6):
+        (project / "README.md").write_text(f"{number}\n")
+        m.snapshot(f"version {number}")
+    words = stage.describe_checkpoints()
+    assert words.startswith(f"6 checkpoint(s) of {project.resolve()}, newest first:")
+    assert "5. " in words and "6. " not in words and "version 5" in words
+    stage.use_checkpoints(None)
+    assert stage.describe_checkpoints().startswith("No checkpoints: checkpoints are off")
+
+
 def test_the_demo_gives_back_the_runs_own_checkpoints(stage, project, state, monkeypatch):
     monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
     ours = stage.CheckpointManager(project, state)
