@@ -303,3 +303,23 @@ def pid_of_running_command(proc: subprocess.Popen, pid_file: Path, problem: str)
         pytest.fail(f"{problem} (no {pid_file.name} after 60 s):\n"
                     f"{out.decode(errors='replace')}\n{err.decode(errors='replace')}")
     return pid
+
+
+# ── Chapter examples (tests/test_s1N_chapter_examples.py) ─────────────────
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    """The bodies of the ```language blocks of `text`, their indentation removed (a block
+    inside an admonition is indented)."""
+    found = re.findall(rf"^( *)```{language}\n(.*?)^\1```$", text, re.MULTILINE | re.DOTALL)
+    return ["\n".join(line[len(indent):] for line in body.splitlines()) + "\n"
+            for indent, body in found]
+
+
+def patched_source(stage_name: str, block: list[str]) -> str:
+    """The stage file with an exercise's diff (the lines of a ```diff block) applied; the
+    diff's old lines must stand in the file exactly once."""
+    source = (ROOT / "agents" / f"{stage_name}.py").read_text(encoding="utf-8")
+    before = "\n".join(line[1:] for line in block if line[:1] in (" ", "-")) + "\n"
+    after = "\n".join(line[1:] for line in block if line[:1] in (" ", "+")) + "\n"
+    assert source.count(before) == 1, block
+    return source.replace(before, after)

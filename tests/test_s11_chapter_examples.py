@@ -42,7 +42,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, fresh_stage, marks, run_main, stages_from, stub_programs
+from helpers import (ROOT, fenced_blocks, fresh_stage, marks, patched_source, run_main,
+                     stages_from, stub_programs)
 
 STAGE = "s11_config_chain"
 CHAPTER_NAME = "s11-config-chain.md"
@@ -511,13 +512,6 @@ def part_of(text: str, heading: str) -> str:
     return text[start:] if end < 0 else text[start:end]
 
 
-def fenced(text: str, language: str) -> list[str]:
-    """The bodies of the ```language blocks of `text`, their indentation removed."""
-    found = re.findall(rf"^( *)```{language}\n(.*?)^\1```$", text, re.MULTILINE | re.DOTALL)
-    return ["\n".join(line[len(indent):] for line in body.splitlines()) + "\n"
-            for indent, body in found]
-
-
 EXERCISE_1_CONFIG = "max_iterations: 12\napprovals:\n  yolo: true\n  timeout: 45\n"
 EXERCISE_1_ENV = {"HERMES_MAX_ITERATIONS": "20", "HERMES_YOLO_MODE": "no",
                   "HERMES_APPROVAL_TIMEOUT": ""}
@@ -526,7 +520,7 @@ EXERCISE_1_ENV = {"HERMES_MAX_ITERATIONS": "20", "HERMES_YOLO_MODE": "no",
 @pytest.mark.parametrize("stage", STAGES)
 def test_exercise_1_the_answer_the_solution_shows(stage, tmp_path):
     part = part_of(chapter(), "### 1. Predict")
-    command = fenced(part, "bash")[0]
+    command = fenced_blocks(part, "bash")[0]
     assert "printf 'max_iterations: 12\\napprovals:\\n  yolo: true\\n  timeout: 45\\n'" in command
     assert "printf 'approvals:\\n  mode: manual\\n' > managed.yaml" in command
     for name, value in EXERCISE_1_ENV.items():
@@ -542,36 +536,28 @@ def test_exercise_1_the_answer_the_solution_shows(stage, tmp_path):
     run = run_main(stage, "--max-iterations", "5", "--approval-mode", "off", "-p", "config",
                    env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    shown = fenced(part, "text")
+    shown = fenced_blocks(part, "text")
     assert shown[0] == run.stdout, run.stdout
     warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
     assert shown[1].splitlines() == warnings
 
 
 def diff_blocks() -> list[list[str]]:
-    return [body.splitlines() for body in fenced(chapter(), "diff")]
-
-
-def patched_source(block: list[str]) -> str:
-    source = (ROOT / "agents" / f"{STAGE}.py").read_text(encoding="utf-8")
-    before = "\n".join(line[1:] for line in block if line[:1] in (" ", "-")) + "\n"
-    after = "\n".join(line[1:] for line in block if line[:1] in (" ", "+")) + "\n"
-    assert source.count(before) == 1, block
-    return source.replace(before, after)
+    return [body.splitlines() for body in fenced_blocks(chapter(), "diff")]
 
 
 def test_the_solutions_diffs_apply_to_the_stage_file():
     blocks = diff_blocks()
     assert blocks, "no ```diff block in the chapter"
     for block in blocks:
-        patched_source(block)
+        patched_source(STAGE, block)
 
 
 def test_exercise_2_the_patched_stage_has_the_variable_and_the_flag(tmp_path):
     text = part_of(chapter(), "### 2. Change")
-    block = [body.splitlines() for body in fenced(text, "diff")][0]
+    block = [body.splitlines() for body in fenced_blocks(text, "diff")][0]
     path = tmp_path / f"{STAGE}.py"
-    path.write_text(patched_source(block), encoding="utf-8")
+    path.write_text(patched_source(STAGE, block), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("patched_s11", path)
     patched = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(patched)

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, fresh_stage, repl_output, run_main, stages_from
+from helpers import (ROOT, fenced_blocks, fresh_stage, patched_source, repl_output, run_main,
+                     stages_from)
 
 STAGE = "s12_checkpoints"
 CHAPTER = ROOT / "docs" / "en" / "s12-checkpoints.md"
@@ -75,13 +76,6 @@ def part_of(heading: str) -> str:
     start = text.index(heading)
     end = text.find("\n### ", start + 1)
     return text[start:] if end < 0 else text[start:end]
-
-
-def fenced(text: str, language: str) -> list[str]:
-    """The bodies of the ```language blocks of `text`, their indentation removed."""
-    found = re.findall(rf"^( *)```{language}\n(.*?)^\1```$", text, re.MULTILINE | re.DOTALL)
-    return ["\n".join(line[len(indent):] for line in body.splitlines()) + "\n"
-            for indent, body in found]
 
 
 def git(folder: Path, *args: str) -> str:
@@ -376,7 +370,7 @@ def test_hermes_checkout_leaves_files_created_since_and_restore_does_not(stage, 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_try_it_a_rollback_in_a_git_repository(stage, tmp_path):
-    block = fenced(part_of("## Try it"), "bash")[1]
+    block = fenced_blocks(part_of("## Try it"), "bash")[1]
     lines = ["write a.txt two", "$ echo three > b.txt", "/rollback", "/rollback 2", "$ ls"]
     assert "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) in block
     assert "git init -q && printf 'one\\n' > a.txt" in block
@@ -399,7 +393,7 @@ EXERCISE_1 = ["$ ls", "write a.txt one", "write a.txt one", "write a.txt one",
 @pytest.mark.parametrize("stage", STAGES)
 def test_exercise_1_the_list_the_solution_shows(stage, tmp_path):
     part = part_of("### 1. Predict")
-    command = fenced(part, "bash")[0]
+    command = fenced_blocks(part, "bash")[0]
     assert "printf '%s\\n' " + " ".join(f"'{line}'" for line in EXERCISE_1) + " /rollback" \
         in command
     assert "mkdir app && cd app && touch pyproject.toml" in command
@@ -410,36 +404,29 @@ def test_exercise_1_the_list_the_solution_shows(stage, tmp_path):
     shown[0] = shown[0].replace(str(project), "…/app")
     shown = [re.sub(r"  [0-9a-f]{7}  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ", "  …  ", line)
              for line in shown]
-    assert fenced(part, "text")[0].splitlines() == shown
+    assert fenced_blocks(part, "text")[0].splitlines() == shown
 
 
 def diff_blocks() -> list[list[str]]:
-    return [body.splitlines() for body in fenced(chapter(), "diff")]
-
-
-def patched_source(block: list[str]) -> str:
-    source = (ROOT / "agents" / f"{STAGE}.py").read_text(encoding="utf-8")
-    before = "\n".join(line[1:] for line in block if line[:1] in (" ", "-")) + "\n"
-    after = "\n".join(line[1:] for line in block if line[:1] in (" ", "+")) + "\n"
-    assert source.count(before) == 1, block
-    return source.replace(before, after)
+    return [body.splitlines() for body in fenced_blocks(chapter(), "diff")]
 
 
 def test_the_solutions_diffs_apply_to_the_stage_file():
     blocks = diff_blocks()
     assert blocks, "no ```diff block in the chapter"
     for block in blocks:
-        patched_source(block)
+        patched_source(STAGE, block)
 
 
 def test_exercise_2_the_patched_stage_counts_builds_and_archives(tmp_path):
     part = part_of("### 2. Change")
     path = tmp_path / f"{STAGE}.py"
-    path.write_text(patched_source(fenced(part, "diff")[0].splitlines()), encoding="utf-8")
+    block = fenced_blocks(part, "diff")[0].splitlines()
+    path.write_text(patched_source(STAGE, block), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("patched_s12", path)
     patched = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(patched)
-    check = fenced(part, "bash")[0]
+    check = fenced_blocks(part, "bash")[0]
     commands = re.search(r"for c in (\[.*?\]):", check).group(1)
     answers = [patched.command_may_change_files(c) for c in eval(commands)]   # noqa: S307
     assert answers == [True, True, True, True, False, False]
@@ -452,7 +439,7 @@ def test_exercise_2_the_patched_stage_counts_builds_and_archives(tmp_path):
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_exercise_3_the_changes_a_rollback_does_not_undo(stage, tmp_path):
-    block = fenced(part_of("### 3. Break it"), "bash")[0]
+    block = fenced_blocks(part_of("### 3. Break it"), "bash")[0]
     for piece in ("echo TOKEN=1 > .env", "head -c 11000000 /dev/zero > data.csv",
                   "echo v1 > v.txt", "echo kept > ../outside.txt", "echo one > a.txt",
                   "'$ echo two > a.txt'", "head -c 12000000 /dev/zero > data.csv"):
