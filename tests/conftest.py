@@ -2,6 +2,7 @@
 
 import os
 import signal
+import ssl
 import tempfile
 
 import pytest
@@ -26,6 +27,28 @@ def pytest_configure(config):
         del os.environ[name]
     os.environ["LEARN_HERMES_HOME"] = tempfile.mkdtemp(prefix="learn-hermes-tests-")
     os.environ["NO_COLOR"] = "1"
+    use_one_certificate()
+
+
+def use_one_certificate() -> None:
+    """Every openai client loads the machine's whole CA bundle when it is made (about 140
+    certificates, 50 ms), and the suite makes thousands of clients. The tests talk plain
+    http to loopback servers, never TLS, so one certificate of that bundle is enough to
+    build the context (0.5 ms). Tests only: a learner's run uses the whole bundle."""
+    bundle = os.environ.get("SSL_CERT_FILE") or ssl.get_default_verify_paths().openssl_cafile
+    try:
+        text = open(bundle, encoding="ascii", errors="replace").read()
+    except (OSError, TypeError):
+        return                              # no bundle to shorten: leave it as it is
+    end = "-----END CERTIFICATE-----"
+    start = text.find("-----BEGIN CERTIFICATE-----")
+    if start < 0 or end not in text[start:]:
+        return
+    first = text[start:text.index(end, start) + len(end)] + "\n"
+    handle, path = tempfile.mkstemp(prefix="learn-hermes-tests-", suffix=".pem")
+    with os.fdopen(handle, "w", encoding="ascii") as file:
+        file.write(first)
+    os.environ["SSL_CERT_FILE"] = path
 
 
 @pytest.fixture(autouse=True)
