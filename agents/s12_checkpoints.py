@@ -17,27 +17,31 @@ What this stage adds
     folder; 20 are kept. A checkpoint that fails is a warning: the tool runs anyway.
     /rollback lists them, /rollback diff N shows the changes since N, and /rollback N
     makes the project exactly N (modified files back, deleted ones back, files created
-    since removed, ignored ones untouched), after a checkpoint of it as it is: /rollback 1
-    undoes a rollback. It asks nothing, so it works from a pipe too.
+    since removed; what N left out or ignored, and what is left out or ignored now,
+    untouched), after a checkpoint of it as it is: /rollback 1 undoes a rollback. It asks
+    nothing, so it works from a pipe too. write_file and patch never write into a store.
 
     user turn ──▶ run_turn(): new_turn()
                      │ first write_file / patch / terminal that may change files
                      ▼
     checkpoint_before_change() ──▶ CheckpointManager.snapshot(reason)      then the tool
           git ls-files (nested repos, sizes) ─▶ add -A ─▶ diff --numstat ─▶ nothing? skip
-          write-tree ─▶ commit-tree (no parent) ─▶ refs/checkpoints/0000000007 ─▶ prune
+          write-tree ─▶ ls-files --ignored ─▶ commit-tree (no parent; the message
+          names what was left out) ─▶ refs/checkpoints/0000000007 ─▶ prune
     /rollback N ──▶ restore(): snapshot("before rollback to …"), then
-          git restore --source=<id> --staged --worktree --no-overlay -- . ─▶ exactly N
+          git restore --source=<id> --staged --worktree --no-overlay -- .
+                      minus what N left out and what is left out now ─▶ exactly N
 
 Reading guide
     The lesson starts at "[s12] Checkpoints": CheckpointManager (the store, snapshot(),
     list(), diff(), restore(), and git() and run(), which every git command goes
-    through), then when a checkpoint is taken: before_change() once per turn, checkpoint_before_change() called by the
-    tools, command_may_change_files(). "[s12] Checkpoint details" is the hardening: the
-    git settings and environment, the excludes, nested repositories and large files
-    (look_at_tree()), the checks of ids and paths, pruning. Everything from "[s01]
-    Command line and REPL" down is plumbing; /rollback, the settings and the demo's parts
-    are under "[s12] Checkpoint commands".
+    through), then when a checkpoint is taken: before_change() once per turn,
+    checkpoint_before_change() called by the tools, command_may_change_files().
+    "[s12] Checkpoint details" is the hardening: the git settings and environment, the
+    excludes, nested repositories and large files (look_at_tree()), what a checkpoint
+    records that it left out (ignored_files()), the checks of ids and paths, pruning.
+    Everything from "[s01] Command line and REPL" down is plumbing; /rollback, the
+    settings and the demo's parts are under "[s12] Checkpoint commands".
 
 Changes from s11
     added: CHECKPOINTS_DIR_NAME, CHECKPOINT_REFS, SHORT_ID_CHARS, MAX_SNAPSHOTS,
@@ -45,19 +49,22 @@ Changes from s11
            CheckpointManager, CHECKPOINTS, checkpoint_before_change(),
            checkpoint_before_command(), command_may_change_files(), GIT_TIMEOUT,
            MAX_REASON_CHARS, DEFAULT_EXCLUDES, EXACT_ATTRIBUTES, GIT_SETTINGS,
-           LIST_FORMAT, RECORD_END, CHECKPOINT_ID, GIT_OPTION_WITH_VALUE, GIT_REWRITES,
-           PROJECT_MARKERS, project_key(), project_root(), never_checkpointed(), git_environment(), git_command_name(),
+           LIST_FORMAT, RECORD_END, CHECKPOINT_ID, LEFT_OUT_LINE, GIT_OPTION_WITH_VALUE,
+           GIT_REWRITES, PROJECT_MARKERS, project_key(), project_root(),
+           never_checkpointed(), git_environment(), git_command_name(),
            git_rewrites_files(), numstat_totals(), one_line(), listed_checkpoint(),
            checked_id(), left_out_note(), show_checkpoint_note(), open_checkpoint_store(),
            MAX_NAMED_CHANGES, state_folder_exclude(), stage_tree(), look_at_tree(),
-           nested_repositories(), too_large(),
-           excluded(), prune(), find_checkpoint(), checked_path(), remove_stale_lock(),
-           warn_once(), MAX_DIFF_LINES, CHECKPOINTS_OFF, use_checkpoints(),
+           nested_repositories(), too_large(), excluded(), prune(), find_checkpoint(),
+           checked_path(), ignored_files(), check_restorable(),
+           checkpoint_store_problem(), remove_stale_lock(), warn_once(), MAX_DIFF_LINES,
+           CHECKPOINTS_OFF, use_checkpoints(),
            checkpoints_from_config(), off_flag(), rollback_command(),
            COMMANDS['/rollback'], checkpoint_number(), show_checkpoints(),
            show_checkpoint_diff(), diff_style(), show_restored(), describe_checkpoints(),
            DEMO_FILES, demo_checkpoints(), DEMO_ROLLBACKS, show_demo_folder()
     write_file(), patch()   the turn's checkpoint just before the file is written
+    write_refusal()       never into a checkpoint store (checkpoint_store_problem())
     terminal_tool()       the turn's checkpoint before a command that may change files
     run_turn()            a new turn: its first change gets a checkpoint
     build_settings()      checkpoints.enabled, .max_snapshots, .max_files,
@@ -6007,7 +6014,7 @@ def write_refusal(target: Path) -> str | None:
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
     problem = protected_path_problem(real) or write_root_problem(real) \
-        or child_state_problem(real)         # s10
+        or child_state_problem(real) or checkpoint_store_problem(real)   # s10, s12
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -7064,6 +7071,8 @@ class Checkpoint(NamedTuple):
     files: int                  # what changed since the checkpoint before it: files,
     added: int                  # lines added
     removed: int                # and lines removed
+    left_out: tuple = ()        # there then, not in it: nested repositories, large and
+                                # ignored files ("node_modules/": a whole folder)
 
     @property
     def short(self) -> str:
@@ -7110,7 +7119,9 @@ class CheckpointManager:
             return None
         files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
-        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
+        left_out = [*self.left_out, *ignored_files(self)]   # here, and not in the checkpoint
+        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n" + \
+            "".join(f"left out {json.dumps(path)}\n" for path in left_out)
         commit = self.git("commit-tree", tree, input=message).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
@@ -7140,23 +7151,28 @@ class CheckpointManager:
         """Make the project, or only `path`, exactly what checkpoint n holds. First a
         checkpoint of the project as it is now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
-        wanted = ":(literal)" + checked_path(self, path) if path is not None else "."
+        wanted = "."
+        if path is not None:
+            relative = checked_path(self, path)
+            check_restorable(self, checkpoint, relative)    # a typo changes nothing
+            wanted = ":(literal)" + relative
         # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
             or self.list()[0].id
         # The snapshot put every file it keeps into the index. --no-overlay removes what
-        # the index has and the checkpoint has not (files created since); files that are
-        # ignored or left out are not in the index, and stay as they are.
+        # the index has and the checkpoint has not (files created since), except what the
+        # checkpoint left out: those files were there then. Ignored and left out now:
+        # not in the index, they stay as they are.
         try:
             self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
                      "--no-overlay", "--pathspec-from-file=-", "--pathspec-file-nul",
-                     input="\0".join([wanted, *excluded(self.left_out)]))
+                     input="\0".join([wanted, *excluded([*self.left_out,
+                                                         *checkpoint.left_out])]))
         except CheckpointError as exc:
             if "did not match" not in str(exc):
                 raise
-            raise CheckpointError(f"{visible(path)!r} is not in checkpoint {checkpoint.short}, "
-                                  f"and not checkpointed now (missing, ignored or left "
-                                  f"out)") from None
+            raise CheckpointError(f"{visible(path)!r} is left out now (a nested repository "
+                                  f"or a large file): it stays as it is") from None
         prune(self)
         return Restored(checkpoint, undo, path)
 
@@ -7282,6 +7298,7 @@ LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
+LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
 MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
@@ -7376,7 +7393,8 @@ def listed_checkpoint(index: int, record: str) -> Checkpoint:
     ref, commit, when, reason, body = record.lstrip("\n").split("\0")
     stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
     files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
+    left_out = tuple(json.loads(name) for name in LEFT_OUT_LINE.findall(body))
+    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed, left_out)
 
 
 def checked_id(text: str) -> str:
@@ -7535,6 +7553,49 @@ def checked_path(manager: CheckpointManager, path: str) -> str:
         raise CheckpointError(f"{shown} is not inside the project {manager.project}"
                               + (" (all of it: /rollback N)" if real == manager.project else ""))
     return Path(relative).as_posix()
+
+
+def ignored_files(manager: CheckpointManager) -> list[str]:
+    """The files (and whole folders, as "node_modules/") that are in the project and that
+    no checkpoint stores: what .gitignore and the excludes name. A checkpoint records
+    them, so that a rule removed later does not make its restore delete them."""
+    return manager.git("ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                       "--directory").split("\0")[:-1]
+
+
+def check_restorable(manager: CheckpointManager, checkpoint: Checkpoint, relative: str) -> None:
+    """A path to restore alone must be in the checkpoint or be stored now (to be removed
+    as created since). Checked before the rollback's own checkpoint: a typo changes
+    nothing. A path the checkpoint left out stays as it is: it is no path to restore."""
+    if any(relative == out.rstrip("/") or out.endswith("/") and relative.startswith(out)
+           for out in checkpoint.left_out):
+        raise CheckpointError(f"{visible(relative)!r} was left out of checkpoint "
+                              f"{checkpoint.short}: it stays as it is")
+    held = manager.git("ls-tree", "-z", "--name-only", checkpoint.id, "--",
+                       ":(literal)" + relative)
+    stored_now = manager.git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                             "--", ":(literal)" + relative).split("\0")[:-1]
+    if not held and not any(os.path.lexists(manager.project / name) for name in stored_now):
+        raise CheckpointError(f"{visible(relative)!r} is not in checkpoint {checkpoint.short}, "
+                              f"and not checkpointed now (missing, ignored or left out)")
+
+
+def checkpoint_store_problem(real: Path) -> str | None:
+    """write_file and patch never write into the checkpoints: a changed ref or
+    info/exclude would hide a checkpoint from /rollback or change what it restores.
+    (A terminal command that names the state folder is refused by s09's
+    self-protection.) Every profile's stores, and this run's, wherever they are."""
+    base = Path(os.path.realpath(base_home()))
+    homes = {base, Path(os.path.realpath(hermes_home()))}
+    if CHECKPOINTS is not None:
+        homes.add(CHECKPOINTS.home)
+    if base / PROFILES_DIR_NAME in real.parents:
+        homes.add(base / PROFILES_DIR_NAME / real.relative_to(base / PROFILES_DIR_NAME).parts[0])
+    for stores in sorted(home / CHECKPOINTS_DIR_NAME for home in homes):
+        if real == stores or stores in real.parents:
+            return (f"is in the checkpoint stores {tilde(stores)}: only snapshots and "
+                    f"/rollback change them")
+    return None
 
 
 def remove_stale_lock(store: Path) -> None:

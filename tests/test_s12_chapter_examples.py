@@ -12,10 +12,10 @@ docs/en/s12-checkpoints.md has
   typed into a REPL, and neither the project nor the checkpoints change), `git checkout .`
   undone by /rollback 1, the user's git setup (GIT_DIR, GIT_INDEX_FILE, a global config
   with signing, hooks and excludes, a .gitattributes with eol=crlf) reaching no checkpoint,
-  names that look like options or pathspec magic, the state folder refused to a terminal
-  command, and the limits in "What the guards cannot see" (commands that change files
-  unseen, write_file into the store, a file ignored then and not now is deleted by a
-  rollback: each test fails once a stage closes the gap, and says to update the chapter);
+  names that look like options or pathspec magic, the store refused to a terminal command,
+  to write_file and to patch, a file ignored then and not now kept by a rollback, and the
+  limits in "What the guards cannot see" (commands that change files unseen: the test
+  fails once a stage closes the gap, and says to update the chapter);
 - in "Compared with Hermes", that `git checkout <id> -- .` leaves files created since,
   and the restore of this stage does not;
 - in "Try it", the piped REPL in a git repository;
@@ -29,6 +29,7 @@ The tables are read from the chapter, so the chapter cannot show what the code d
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -317,32 +318,33 @@ def test_commands_that_change_files_unseen_get_no_checkpoint(stage):
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_write_file_can_still_write_into_the_store(stage, tmp_path):
+def test_write_file_and_patch_into_the_store_are_refused(stage, tmp_path):
     project = a_project(tmp_path)
     repl(stage, tmp_path, project, ["write a.txt one"])
     store = next((tmp_path / "state" / "checkpoints").iterdir())
-    ref = store / "refs" / "checkpoints" / "0000000001"
-    run = repl(stage, tmp_path, project, [f"write {ref} 0000000000000000000000000000000000000000",
-                                          "/rollback"])
-    assert "[landed]" in run.stdout, ("write_file into the store is refused now: update "
-                                      "'What the guards cannot see'")
-    assert "no checkpoints of" in repl_output(run.stdout, PROMPT, "/rollback")
-    assert "**`write_file` into the store.**" in chapter()
+    ref, exclude = store / "refs" / "checkpoints" / "0000000001", store / "info" / "exclude"
+    before = folder_bytes(store)
+    patch = json.dumps({"path": str(exclude), "old_string": "node_modules/", "new_string": "*"})
+    lines = [f"write {ref} {'0' * 40}", f"call patch {patch}", "/rollback"]
+    run = repl(stage, tmp_path, project, lines)
+    for line in lines[:2]:
+        said = repl_output(run.stdout, PROMPT, line)
+        assert "write refused" in said and "is in the checkpoint stores" in said, (line, said)
+    assert "1  " in repl_output(run.stdout, PROMPT, "/rollback")
+    assert folder_bytes(store) == before
+    assert "**The store itself.**" in chapter() and "`write_file` and `patch` refuse" in chapter()
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_file_ignored_then_and_not_now_is_deleted_and_rollback_1_brings_it_back(stage,
-                                                                                  tmp_path):
+def test_a_file_ignored_then_and_not_now_is_kept_by_a_rollback(stage, tmp_path):
     project = a_project(tmp_path, {".gitignore": "*.db\n", "local.db": "precious\n"})
     run = repl(stage, tmp_path, project, ["write .gitignore # nothing ignored",
-                                          "/rollback 1"])
+                                          "write created.txt since", "/rollback 2"])
     assert "restored the project" in run.stdout
     assert (project / ".gitignore").read_text() == "*.db\n"
-    assert not (project / "local.db").exists(), ("a rollback keeps a file ignored then and "
-                                                 "not now: update 'What the guards cannot see'")
-    repl(stage, tmp_path, project, ["/rollback 1"])
     assert (project / "local.db").read_text() == "precious\n"
-    assert "**A file left out then and not now.**" in chapter()
+    assert not (project / "created.txt").exists()
+    assert "**A file left out then and not now stays.**" in chapter()
 
 
 # ── Compared with Hermes ───────────────────────────────────────────────────

@@ -451,6 +451,89 @@ def test_large_files_are_left_out(stage, project, state):
     assert "big.bin" not in checkpoint_files(stage, m, 1)   # nor in the pre-rollback one
     assert (project / "big.bin").read_bytes() == b"\1" * (1024 * 1024 + 1)
     assert (project / "README.md").read_text() == "# A project\n"
+    with pytest.raises(stage.CheckpointError, match="'big.bin' is left out now .*: it stays"):
+        m.restore(2, "big.bin")                         # alone: the same
+    assert (project / "big.bin").read_bytes() == b"\1" * (1024 * 1024 + 1)
+
+
+def test_what_a_checkpoint_left_out_stays_when_it_is_restored(stage, project, state):
+    """Left out then and not now: ignored by a .gitignore line removed since, over the size
+    limit then, in a nested repository whose .git is gone. Each is in the index now and
+    not in the checkpoint, and none was created since: the restore leaves them be."""
+    (project / ".gitignore").write_text("*.db\n")
+    (project / "local.db").write_text("precious\n")
+    (project / "big.bin").write_bytes(b"\0" * (1024 * 1024 + 1))
+    (project / "lib").mkdir()
+    (project / "lib" / "code.py").write_text("nested\n")
+    user_git(project / "lib", "init", "-q")
+    m = manager(stage, project, state, max_file_size_mb=1)
+    m.snapshot("before")
+    assert stage.find_checkpoint(m, 1).left_out == ("lib/", "big.bin", "local.db")
+    (project / ".gitignore").write_text("")
+    (project / "big.bin").write_bytes(b"small now")
+    subprocess.run(["rm", "-rf", str(project / "lib" / ".git")], check=True)
+    (project / "created.txt").write_text("since\n")
+    (project / "src" / "made").mkdir()
+    (project / "src" / "made" / "also.py").write_text("since\n")
+    m.snapshot("all of them stored")
+    assert {"local.db", "big.bin", "lib/code.py"} <= set(checkpoint_files(stage, m))
+    m.restore(2)
+    assert (project / ".gitignore").read_text() == "*.db\n"
+    assert (project / "local.db").read_text() == "precious\n"
+    assert (project / "big.bin").read_bytes() == b"small now"
+    assert (project / "lib" / "code.py").read_text() == "nested\n"
+    assert not (project / "created.txt").exists() and not (project / "src" / "made").exists()
+    m.restore(1)                                        # and undone: exactly as before
+    assert (project / "created.txt").exists() and (project / ".gitignore").read_text() == ""
+
+
+def test_one_path_left_out_then_is_not_removed(stage, project, state):
+    (project / ".gitignore").write_text("*.db\n")
+    (project / "local.db").write_text("precious\n")
+    m = manager(stage, project, state)
+    m.snapshot("before")
+    (project / ".gitignore").write_text("")
+    (project / "lib").mkdir()
+    (project / "lib" / "code.py").write_text("nested\n")
+    user_git(project / "lib", "init", "-q")
+    m.snapshot("lib is a repository")
+    subprocess.run(["rm", "-rf", str(project / "lib" / ".git")], check=True)
+    for path in ("local.db", "lib/code.py", "lib"):
+        with pytest.raises(stage.CheckpointError, match="was left out of checkpoint .*: it stays"):
+            m.restore(1 if path.startswith("lib") else 2, path)
+    assert len(m.list()) == 2
+    assert (project / "local.db").read_text() == "precious\n"
+    assert (project / "local.db").read_text() == "precious\n"
+
+
+def test_a_left_out_record_survives_any_name(stage, project, state):
+    names = ['big "quoted".bin', "big\\back.bin", "big\nline.bin", "bïg ✓.bin"]
+    for name in names:
+        (project / name).write_bytes(b"\0" * (1024 * 1024 + 1))
+    m = manager(stage, project, state, max_file_size_mb=1)
+    m.snapshot("before")
+    assert sorted(stage.find_checkpoint(m, 1).left_out) == sorted(names)
+
+
+def test_a_path_in_neither_the_checkpoint_nor_the_project_changes_nothing(stage, project,
+                                                                          state):
+    (project / ".gitignore").write_text("*.db\n")
+    (project / "ignored.db").write_text("ignored now and then\n")
+    m = manager(stage, project, state)
+    m.snapshot("before")
+    (project / "stale.txt").write_text("in the index, not in checkpoint 1\n")
+    m.snapshot("stale.txt stored")
+    (project / "stale.txt").unlink()                    # the store's index still lists it
+    (project / "README.md").unlink()                    # a change a snapshot would take
+    for path, problem in [("typo.txt", "and not checkpointed now"),
+                          ("src/typo/", "and not checkpointed now"),
+                          ("stale.txt", "and not checkpointed now"),
+                          ("ignored.db", "was left out of checkpoint")]:
+        with pytest.raises(stage.CheckpointError, match=problem):
+            m.restore(2, path)
+    assert len(m.list()) == 2 and not (project / "README.md").exists()
+    m.restore(2, "README.md")                           # deleted since: in the checkpoint
+    assert (project / "README.md").read_text() == "# A project\n"
 
 
 def test_a_folder_with_too_many_files_gets_no_checkpoint(stage, project, state):
@@ -738,6 +821,45 @@ def test_a_write_outside_the_project_takes_no_checkpoint(stage, project, state, 
     with FakeOpenAI(script) as server:
         turn(stage, agent(stage, server))
     assert [c.reason for c in m.list()] == ["before write_file inside.txt"]
+
+
+def test_write_file_and_patch_never_write_into_a_store(stage, project, state, tmp_path,
+                                                      monkeypatch):
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
+    m = manager(stage, project, state)
+    m.snapshot("before")
+    stage.use_checkpoints(m)
+    (project / "store-link").symlink_to(m.store)
+    stores = [m.store / "refs" / "checkpoints" / "0000000001", m.store / "info" / "exclude",
+              state / "checkpoints", state / "checkpoints" / "not-yet" / "HEAD",
+              state / "profiles" / "work" / "checkpoints" / "x" / "HEAD",
+              project / "store-link" / "HEAD"]
+    for target in stores:
+        assert "is in the checkpoint stores" in (stage.write_refusal(target) or ""), target
+    for target in (state / "memories" / "MEMORY.md", project / "checkpoints" / "mine.txt",
+                   state / "profiles" / "work" / "notes.txt"):
+        assert stage.write_refusal(target) is None, target
+    before = folder_bytes(m.store)
+    script = [reply("", call("write_file", {"path": str(stores[0]), "content": "0" * 40}),
+                    call("patch", {"path": str(stores[1]), "old_string": "node_modules/",
+                                   "new_string": "*"})),
+              reply("done")]
+    with FakeOpenAI(script) as server:
+        turn(stage, agent(stage, server))
+        results = [message["content"] for message in server.requests[-1]["messages"]
+                   if message["role"] == "tool"]
+    assert len(results) == 2 and all("write refused" in result for result in results)
+    assert folder_bytes(m.store) == before
+
+
+def test_a_profile_run_may_not_write_the_base_folders_store(stage, project, state):
+    m = manager(stage, project, state)
+    m.snapshot("before")
+    ref = m.store / "refs" / "checkpoints" / "0000000001"
+    run = run_main(stage, "--profile", "work", stdin=f"write {ref} {'0' * 40}\n",
+                   env=clean_env(LEARN_HERMES_HOME=str(state), HOME=str(project.parent)))
+    assert "write refused" in run.stdout and "is in the checkpoint stores" in run.stdout
+    assert len(m.list()) == 1
 
 
 def test_a_failing_checkpoint_warns_once_and_the_tools_still_run(stage, project, state,
