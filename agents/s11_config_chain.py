@@ -41,8 +41,8 @@ Changes from s10
            Resolved, Config, CONFIG, load_config(), resolve_settings(), additive(),
            lock_warnings(), environment_entries(), flag_entries(), profile_home(),
            managed_file(), YAML_NULL, VARIABLE, TRUE_WORDS, FALSE_WORDS,
-           read_config_file(), collect_entries(), node_value(), node_kind(),
-           expand_variables(), did_you_mean(), convert(), convert_number(),
+           read_config_file(), collect_entries(), section_keys(), node_value(),
+           node_kind(), expand_variables(), did_you_mean(), convert(), convert_number(),
            convert_list(), convert_pair(), in_range(), expected(), apply_limits(),
            deny_rule_matched(), commands_run(), chain_files(), chain_file_written(),
            profile_policy_file(), base_home(), CHAIN_ORDER, show_config(), shown_value(),
@@ -6821,16 +6821,28 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
         elif isinstance(value_node, yaml.MappingNode):
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings,
                             depth + 1)
+        elif section_keys(key):     # approvals: off meant approvals.mode: off, or more
+            raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
+                              f"under it ({', '.join(section_keys(key)[:3])}, ...)")
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
+
+
+def section_keys(key: str) -> list[str]:
+    """The settings in the section `key` ("approvals": approvals.mode, ...), or []."""
+    return [name for name in SETTINGS_BY_KEY if name.startswith(key + ".")]
 
 
 def node_value(node, where: str, key: str, environ):
     """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
     if isinstance(node, yaml.ScalarNode) and node.tag != YAML_NULL:
         return expand_variables(node.value, where, key, environ)
-    if isinstance(node, yaml.SequenceNode) and all(
-            isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in node.value):
+    if isinstance(node, yaml.SequenceNode) and SETTINGS_BY_KEY[key].kind in ("list", "pair"):
+        for number, item in enumerate(node.value, start=1):
+            if not isinstance(item, yaml.ScalarNode) or item.tag == YAML_NULL:
+                raise ConfigError(f"{where}: {key}: item {number} of the list is "
+                                  f"{node_kind(item).replace('no value', 'empty')}: each "
+                                  f"item must be a plain value")
         return [expand_variables(item.value, where, key, environ) for item in node.value]
     raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}, got "
                       f"{node_kind(node)}")

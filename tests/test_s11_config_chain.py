@@ -450,7 +450,16 @@ FILE_ERRORS = [
     ("model: ~\n", "1: model: expected text, got no value"),
     ("model: ''\n", "1: model: is empty"),
     ("model:\n  name: x\n", "1: model: expected text, got a section"),
-    ("approvals:\n  deny: [[rm]]\n", "2: approvals.deny: expected a list, got a list"),
+    ("approvals:\n  deny: [[rm]]\n", "2: approvals.deny: item 1 of the list is a list: each "
+     "item must be a plain value"),
+    ("approvals:\n  deny: [a, ~]\n", "2: approvals.deny: item 2 of the list is empty: each "
+     "item must be a plain value"),
+    ("guardrails:\n  no_progress: [1, {a: b}]\n", "2: guardrails.no_progress: item 2 of the "
+     "list is a section: each item must be a plain value"),
+    ("model: [a, ~]\n", "1: model: expected text, got a list"),
+    ("approvals: off\n", "1: approvals is a section, not a setting: put its keys under it "
+     "(approvals.mode, approvals.timeout, approvals.yolo, ...)"),
+    ("approvals:\n  deny:\n    a: 3\n", "2: approvals.deny: expected a list, got a section"),
     ("model: ${NOT_SET_ANYWHERE}\n", "1: model: ${NOT_SET_ANYWHERE} is not set"),
     ("approvals:\n  deny: ['rm ${NOT_SET_ANYWHERE}']\n",
      "2: approvals.deny: ${NOT_SET_ANYWHERE} is not set"),
