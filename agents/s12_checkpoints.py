@@ -7418,8 +7418,8 @@ def checked_id(text: str) -> str:
 
 
 def left_out_note(left_out: list) -> str:
-    return (f"; left out: {len(left_out)} nested repositories or files over "
-            f"checkpoints.max_file_size_mb" if left_out else "")
+    return (f"; left out: {len(left_out)} (nested repositories, files over "
+            f"checkpoints.max_file_size_mb)" if left_out else "")
 
 
 def show_checkpoint_note(line: str) -> None:
@@ -7541,7 +7541,8 @@ def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
     if isinstance(n, int) and not isinstance(n, bool):
         if 1 <= n <= len(checkpoints):
             return checkpoints[n - 1]
-        raise CheckpointError(f"no checkpoint {n}: there are {len(checkpoints)} "
+        there = "there is" if len(checkpoints) == 1 else "there are"
+        raise CheckpointError(f"no checkpoint {n}: {there} {len(checkpoints)} "
                               f"(/rollback lists them)")
     wanted = checked_id(str(n))
     found = [checkpoint for checkpoint in checkpoints if checkpoint.id.startswith(wanted)]

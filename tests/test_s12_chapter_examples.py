@@ -453,7 +453,7 @@ def test_exercise_3_the_changes_a_rollback_does_not_undo(stage, tmp_path):
     (project / "data.csv").write_bytes(b"\0" * 11_000_000)
     (tmp_path / "outside.txt").write_text("kept\n")
     run = repl(stage, tmp_path, project, ["$ echo two > a.txt"])
-    note = "left out: 2 nested repositories or files over checkpoints.max_file_size_mb"
+    note = "left out: 2 (nested repositories, files over checkpoints.max_file_size_mb)"
     assert note in run.stdout and note in " ".join(chapter().split())
     (project / ".env").write_text("TOKEN=2\n")
     (project / "node_modules" / "m.js").unlink()

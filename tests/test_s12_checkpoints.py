@@ -936,7 +936,7 @@ def test_rollback_tells_what_is_wrong(stage, project, state):
     out = result.stdout
     assert "no checkpoints of " in repl_output(out, "s12> ", "/rollback")
     assert "error: no checkpoint 1: there are 0" in repl_output(out, "s12> ", "/rollback 1")
-    assert "error: no checkpoint 9: there are 1" in repl_output(out, "s12> ", "/rollback 9")
+    assert "error: no checkpoint 9: there is 1" in repl_output(out, "s12> ", "/rollback 9")
     assert "'--help' is not a checkpoint" in repl_output(out, "s12> ", "/rollback --help")
     assert "is not inside the project" in repl_output(out, "s12> ", "/rollback 1 ../..")
     assert "'-x' is not a checkpoint" in repl_output(out, "s12> ", "/rollback diff -x")
