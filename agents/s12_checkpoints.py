@@ -6695,7 +6695,7 @@ def load_config(args, environ=os.environ) -> Config:
     """The chain for one run: every setting from the strongest layer that sets it.
     managed (locks) > command line > environment > config.yaml > default."""
     base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
-    home = profile_home(base, args.profile) if args.profile else base
+    home = profile_home(base, args.profile) if args.profile is not None else base
     path = Path(args.config).expanduser() if args.config else home / CONFIG_FILE_NAME
     warnings: list[str] = []
     user = read_config_file(path, path.name, environ, warnings, required=bool(args.config))

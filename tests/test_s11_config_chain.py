@@ -608,7 +608,7 @@ def test_a_yaml_syntax_error_refuses_to_start_with_file_and_line(stage, home):
 
 
 def test_a_bad_profile_name_refuses_to_start(stage, home):
-    for name in ("../x", "Work", "-x", "a" * 65, "a/b", "work\n"):
+    for name in ("../x", "Work", "-x", "a" * 65, "a/b", "work\n", ""):
         result = run_main(stage, f"--profile={name}", "--show-config")
         assert result.returncode == 2, name
         assert result.stderr.startswith("error: --profile: expected a name of a-z")
