@@ -6488,12 +6488,16 @@ def heartbeat(child: Child, interval: float, stale_beats: int) -> None:
         now = progress()
         stale = stale + 1 if now == last else 0
         last = now
-        if stale >= stale_beats:
-            child.emit("heartbeat_stopped", beats=stale)
-            return
-        activity = preview(child.current_tool) if child.current_tool else "waiting for the model"
-        child.parent.touch(f"sub-agent {child.index}: {activity}, call {child.budget.used}")
-        child.emit("heartbeat", activity=activity, model_calls=child.budget.used)
+        with child.lock:    # run_child() reports "finished" under it: no beat after that
+            if child.finished.is_set():
+                return
+            if stale >= stale_beats:
+                child.emit("heartbeat_stopped", beats=stale)
+                return
+            activity = preview(child.current_tool) if child.current_tool else \
+                "waiting for the model"
+            child.parent.touch(f"sub-agent {child.index}: {activity}, call {child.budget.used}")
+            child.emit("heartbeat", activity=activity, model_calls=child.budget.used)
 
 
 def stop_children(children: list) -> None:

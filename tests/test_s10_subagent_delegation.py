@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import threading
+import types
 import time
 
 import openai
@@ -760,6 +761,32 @@ def test_the_heartbeat_keeps_the_parent_fresh_and_ends_with_the_child(stage, wor
     assert delegation_result(session)["children"][0]["status"] == "completed"
     assert "    ├─ … still working (terminal, 1 model call(s) so far)" in \
         capsys.readouterr().out.splitlines()
+
+
+class FinishedJustAfterTheWait(threading.Event):
+    """A child that finishes between the heartbeat's wait (which timed out) and its beat."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        if self.waits == 1:
+            self.set()
+            return False
+        return True
+
+
+def test_no_heartbeat_after_the_child_has_finished(stage):
+    events, touched = [], []
+    child = types.SimpleNamespace(
+        finished=FinishedJustAfterTheWait(), stop=threading.Event(), lock=threading.Lock(),
+        budget=types.SimpleNamespace(used=1), tool_calls=0, current_tool="", index=1,
+        parent=types.SimpleNamespace(touch=touched.append),
+        emit=lambda event, **data: events.append(event))
+    stage.heartbeat(child, 0.01, 10)
+    assert events == [] and touched == []
 
 
 def test_the_heartbeat_stops_after_stale_beats_without_progress(stage, work, progress,
