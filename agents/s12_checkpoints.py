@@ -6657,7 +6657,12 @@ SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
 
 
 class ConfigError(ValueError):
-    """A value or a file the chain cannot use. The message names where it came from."""
+    """A value or a file the chain cannot use. The message names where it came from;
+    `warnings` are the chain's warnings until then (an unknown key may explain it)."""
+
+    def __init__(self, message: str, warnings=()):
+        super().__init__(message)
+        self.warnings = list(warnings)
 
 
 class Entry(NamedTuple):
@@ -6709,7 +6714,7 @@ def load_config(args, environ=os.environ) -> Config:
     layers = [user, environment_entries(environ), flag_entries(args)]
     resolved, errors = resolve_settings(layers, managed, warnings)
     if errors:
-        raise ConfigError("\n".join(errors))
+        raise ConfigError("\n".join(errors), warnings)
     files = [file for file in (path, managed_path) if file is not None and file.exists()]
     config = Config(resolved, home, base, files, warnings)
     config.read_from = [
@@ -8024,6 +8029,8 @@ def checked_config(args) -> Config | None:
     try:
         config = load_config(args)
     except ConfigError as exc:
+        for warning in exc.warnings:            # 'aprovals.mode' may be why mode is unset
+            err_console.print(Text(warning, style="yellow"))
         for line in str(exc).splitlines():      # the agent does not start: no bad setting
             err_console.print(Text(f"error: {line}", style="red"))  # falls back to a default
         return None

@@ -644,6 +644,17 @@ def test_main_shows_the_unknown_key_warning_and_starts(stage, home):
     assert ("approvals.mode", "manual", "default") in table(result.stdout)
 
 
+def test_a_refused_start_shows_the_warnings_before_the_errors(stage, home):
+    (home / "config.yaml").write_text("aprovals:\n  mode: off\napprovals:\n  timeout: soon\n")
+    result = run_main(stage, "--show-config")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"warning: {home / 'config.yaml'}:2: unknown key 'aprovals.mode' (did you mean "
+        f"'approvals.mode'?); ignored\n"
+        f"error: {home / 'config.yaml'}:4: approvals.timeout: expected whole seconds, got "
+        f"'soon'\n")
+
+
 # ── YAML edge cases ───────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("text,key,value", [
