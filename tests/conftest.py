@@ -7,6 +7,8 @@ import tempfile
 
 import pytest
 
+from helpers import stop_offline_servers
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
@@ -66,6 +68,13 @@ def home(isolated_home):
     """$LEARN_HERMES_HOME of this test, created."""
     isolated_home.mkdir(parents=True, exist_ok=True)
     return isolated_home
+
+
+@pytest.fixture(autouse=True)
+def offline_servers_stopped():
+    """The offline servers a test's main() or open_session() started: stopped after it."""
+    yield
+    stop_offline_servers()
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,44 @@ def has_config_chain(stage) -> bool:
 def started_session(stage, *argv: str):
     """open_session() as main() calls it: from s11 on, with the configuration chain."""
     args = stage.parse_args(list(argv))
-    if has_config_chain(stage):
-        return stage.open_session(args, stage.load_config(args))
-    return stage.open_session(args)
+    with offline_servers_recorded(stage):
+        if has_config_chain(stage):
+            return stage.open_session(args, stage.load_config(args))
+        return stage.open_session(args)
+
+
+# The offline servers that a stage starts in this process (through run_main() and
+# started_session()); conftest.py stops them after each test. A server's thread polls 20
+# times a second for as long as the process lives, and a test process runs main()
+# thousands of times: 300 forgotten servers take a sixth of a core and slow the rest.
+OFFLINE_SERVERS: list = []
+
+
+@contextlib.contextmanager
+def offline_servers_recorded(module):
+    real = module.start_offline_server
+
+    def start_and_record():
+        server = real()
+        OFFLINE_SERVERS.append(server)
+        return server
+
+    module.start_offline_server = start_and_record
+    try:
+        yield
+    finally:
+        module.start_offline_server = real
+
+
+def stop_offline_servers() -> None:
+    """Stop the recorded servers, without waiting for their threads to notice."""
+    while OFFLINE_SERVERS:
+        threading.Thread(target=stop_server, args=(OFFLINE_SERVERS.pop(),), daemon=True).start()
+
+
+def stop_server(server) -> None:
+    server.shutdown()
+    server.server_close()
 
 
 def started_retry_policy(stage, session, *argv: str):
@@ -154,7 +190,8 @@ def run_main(stage, *argv: str, stdin: str = "", env: dict | None = None, cwd=No
         sys.stdin = _TextInput(stdin)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                code = module.main(list(argv))
+                with offline_servers_recorded(module):
+                    code = module.main(list(argv))
             except SystemExit as exc:            # argparse: --help, bad flags
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
