@@ -6830,9 +6830,9 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
         elif isinstance(value_node, yaml.MappingNode):
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings,
                             depth + 1)
-        elif section_keys(key):     # approvals: off meant approvals.mode: off, or more
+        elif keys := section_keys(key):     # approvals: off meant approvals.mode: off
             raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
-                              f"under it ({', '.join(section_keys(key)[:3])}, ...)")
+                              f"under it ({', '.join(keys[:3])}, ...)")
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
 

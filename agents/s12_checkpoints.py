@@ -6860,9 +6860,9 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
         elif isinstance(value_node, yaml.MappingNode):
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings,
                             depth + 1)
-        elif section_keys(key):     # approvals: off meant approvals.mode: off, or more
+        elif keys := section_keys(key):     # approvals: off meant approvals.mode: off
             raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
-                              f"under it ({', '.join(section_keys(key)[:3])}, ...)")
+                              f"under it ({', '.join(keys[:3])}, ...)")
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
 
@@ -7613,7 +7613,7 @@ def checkpoint_store_problem(real: Path) -> str | None:
         homes.add(CHECKPOINTS.home)
     if base / PROFILES_DIR_NAME in real.parents:
         homes.add(base / PROFILES_DIR_NAME / real.relative_to(base / PROFILES_DIR_NAME).parts[0])
-    for stores in sorted(home / CHECKPOINTS_DIR_NAME for home in homes):
+    for stores in (home / CHECKPOINTS_DIR_NAME for home in homes):
         if real == stores or stores in real.parents:
             return (f"is in the checkpoint stores {tilde(stores)}: only snapshots and "
                     f"/rollback change them")

@@ -363,6 +363,21 @@ def fenced_blocks(text: str, language: str) -> list[str]:
             for indent, body in found]
 
 
+def diff_blocks(text: str) -> list[list[str]]:
+    """The lines of each ```diff block of `text` (an exercise's solution)."""
+    return [body.splitlines() for body in fenced_blocks(text, "diff")]
+
+
+def patched_stage(stage_name: str, block: list[str], folder: Path):
+    """The stage with an exercise's diff applied, written to `folder` and imported."""
+    path = folder / f"{stage_name}.py"
+    path.write_text(patched_source(stage_name, block), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"patched_{stage_name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def patched_source(stage_name: str, block: list[str]) -> str:
     """The stage file with an exercise's diff (the lines of a ```diff block) applied; the
     diff's old lines must stand in the file exactly once."""

@@ -28,7 +28,8 @@ import types
 
 import pytest
 
-from helpers import ROOT, clean_env, fresh_stage, run_main, stages_from
+from helpers import (ROOT, clean_env, diff_blocks, fresh_stage, patched_source, run_main,
+                     stages_from)
 
 CHAPTER = ROOT / "docs" / "en" / "s10-subagent-delegation.md"
 STAGES = stages_from("s10")
@@ -123,20 +124,11 @@ def test_the_tool_result_the_chapter_shows_is_what_the_parent_receives(stage, tm
     assert json.loads(result) == json.loads(shown.group(1))
 
 
-def diff_blocks() -> list[list[str]]:
-    """The lines of each ```diff block in the chapter, their indentation removed."""
-    found = re.findall(r"^( *)```diff\n(.*?)^\1```$", CHAPTER.read_text(encoding="utf-8"),
-                       re.MULTILINE | re.DOTALL)
-    return [[line[len(indent):] for line in body.splitlines()] for indent, body in found]
-
-
 def test_the_solutions_diffs_apply_to_the_stage_file():
-    source = (ROOT / "agents" / "s10_subagent_delegation.py").read_text(encoding="utf-8")
-    blocks = diff_blocks()
+    blocks = diff_blocks(CHAPTER.read_text(encoding="utf-8"))
     assert blocks, "no ```diff block in the chapter"
     for block in blocks:
-        before = [line[1:] for line in block if line[:1] in (" ", "-")]
-        assert "\n".join(before) + "\n" in source, block
+        patched_source("s10_subagent_delegation", block)
 
 
 def exercise_3() -> list[str]:

@@ -33,7 +33,6 @@ The tables are read from the chapter, so the chapter cannot show what the code d
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -42,8 +41,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (ROOT, fenced_blocks, fresh_stage, marks, patched_source, run_main,
-                     stages_from, stub_programs)
+from helpers import (ROOT, diff_blocks, fenced_blocks, fresh_stage, marks, patched_source,
+                     patched_stage, run_main, stages_from, stub_programs)
 
 STAGE = "s11_config_chain"
 CHAPTER_NAME = "s11-config-chain.md"
@@ -542,12 +541,8 @@ def test_exercise_1_the_answer_the_solution_shows(stage, tmp_path):
     assert shown[1].splitlines() == warnings
 
 
-def diff_blocks() -> list[list[str]]:
-    return [body.splitlines() for body in fenced_blocks(chapter(), "diff")]
-
-
 def test_the_solutions_diffs_apply_to_the_stage_file():
-    blocks = diff_blocks()
+    blocks = diff_blocks(chapter())
     assert blocks, "no ```diff block in the chapter"
     for block in blocks:
         patched_source(STAGE, block)
@@ -555,12 +550,7 @@ def test_the_solutions_diffs_apply_to_the_stage_file():
 
 def test_exercise_2_the_patched_stage_has_the_variable_and_the_flag(tmp_path):
     text = part_of(chapter(), "### 2. Change")
-    block = [body.splitlines() for body in fenced_blocks(text, "diff")][0]
-    path = tmp_path / f"{STAGE}.py"
-    path.write_text(patched_source(STAGE, block), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("patched_s11", path)
-    patched = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(patched)
+    patched = patched_stage(STAGE, diff_blocks(text)[0], tmp_path)
     run = start(patched, tmp_path, ["-p", "config"], {"HERMES_MAX_CHILD_ITERATIONS": "5"})
     line = "  delegation.max_child_iterations = 5   (HERMES_MAX_CHILD_ITERATIONS)"
     assert line in run.stdout.splitlines() and line.strip() in text

@@ -28,7 +28,6 @@ The tables are read from the chapter, so the chapter cannot show what the code d
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -37,8 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (ROOT, fenced_blocks, fresh_stage, patched_source, repl_output, run_main,
-                     stages_from)
+from helpers import (ROOT, diff_blocks, fenced_blocks, fresh_stage, patched_source,
+                     patched_stage, repl_output, run_main, stages_from)
 
 STAGE = "s12_checkpoints"
 CHAPTER = ROOT / "docs" / "en" / "s12-checkpoints.md"
@@ -409,12 +408,8 @@ def test_exercise_1_the_list_the_solution_shows(stage, tmp_path):
     assert fenced_blocks(part, "text")[0].splitlines() == shown
 
 
-def diff_blocks() -> list[list[str]]:
-    return [body.splitlines() for body in fenced_blocks(chapter(), "diff")]
-
-
 def test_the_solutions_diffs_apply_to_the_stage_file():
-    blocks = diff_blocks()
+    blocks = diff_blocks(chapter())
     assert blocks, "no ```diff block in the chapter"
     for block in blocks:
         patched_source(STAGE, block)
@@ -422,12 +417,7 @@ def test_the_solutions_diffs_apply_to_the_stage_file():
 
 def test_exercise_2_the_patched_stage_counts_builds_and_archives(tmp_path):
     part = part_of("### 2. Change")
-    path = tmp_path / f"{STAGE}.py"
-    block = fenced_blocks(part, "diff")[0].splitlines()
-    path.write_text(patched_source(STAGE, block), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("patched_s12", path)
-    patched = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(patched)
+    patched = patched_stage(STAGE, diff_blocks(part)[0], tmp_path)
     check = fenced_blocks(part, "bash")[0]
     commands = re.search(r"for c in (\[.*?\]):", check).group(1)
     answers = [patched.command_may_change_files(c) for c in eval(commands)]   # noqa: S307
