@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from helpers import stop_offline_servers
+from helpers import retried_when_the_kernel_does_not_start, stop_offline_servers
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -30,6 +30,14 @@ def pytest_configure(config):
     os.environ["LEARN_HERMES_HOME"] = tempfile.mkdtemp(prefix="learn-hermes-tests-")
     os.environ["NO_COLOR"] = "1"
     use_one_certificate()
+
+
+def pytest_collection_modifyitems(items):
+    # A notebook whose kernel died before its first cell (a TCP port taken by another
+    # test process in between, see helpers.py) is run again with a new kernel.
+    for item in items:
+        if getattr(item, "nbmake", False):
+            item.runtest = retried_when_the_kernel_does_not_start(item.runtest)
 
 
 def use_one_certificate() -> None:

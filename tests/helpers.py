@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,31 @@ def stop_offline_servers() -> None:
 def stop_server(server) -> None:
     server.shutdown()
     server.server_close()
+
+
+# How nbclient says that a notebook's kernel exited before it could run a cell. The one
+# cause seen (once, in CI): the kernel could not bind a TCP port that jupyter_client had
+# just found free, because something else took it in between. The other test workers
+# open thousands of loopback connections, each on a port from that same range.
+KERNEL_DID_NOT_START = "Kernel died before replying to kernel_info"
+
+
+def retried_when_the_kernel_does_not_start(runtest, attempts: int = 3):
+    """A notebook item's runtest() that starts a new kernel when the first one died
+    before the notebook's first cell. Nothing of the notebook has run at that point, so
+    starting again hides no failure of the notebook's own code: every other error
+    (a cell that fails, a timeout) fails at once, and so does a kernel that never starts."""
+    @functools.wraps(runtest)
+    def run():
+        for attempt in range(1, attempts + 1):
+            try:
+                return runtest()
+            except RuntimeError as error:
+                if KERNEL_DID_NOT_START not in str(error) or attempt == attempts:
+                    raise
+                warnings.warn(f"the notebook's kernel did not start (try {attempt} of "
+                              f"{attempts}); starting a new one")
+    return run
 
 
 def started_retry_policy(stage, session, *argv: str):
