@@ -343,7 +343,7 @@ def test_the_managed_file_named_must_exist_and_must_be_valid(stage, home, tmp_pa
     assert chain_error(stage, home, **{stage.MANAGED_ENV_VAR: str(missing)}) == \
         f"{missing}: no such file"
     assert chain_error(stage, home, managed="approvals:\n  mode: never\n") == (
-        f"{tmp_path / 'managed.yaml'}:2: approvals.mode: expected one of manual, smart, "
+        f"{home.parent / 'managed.yaml'}:2: approvals.mode: expected one of manual, smart, "
         f"off, got 'never'")
 
 
