@@ -13,24 +13,15 @@ from helpers import retried_when_the_kernel_does_not_start, stop_offline_servers
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    # Parallel by default when pytest-xdist is installed and the command line did not
-    # choose: `pytest -n 0` and `pytest -p no:xdist` still run serially. Set here rather
-    # than in pyproject's addopts, where `-p no:xdist` would make `-n` an unknown option.
+    # Parallel by default (`-n auto`: one worker per core) when pytest-xdist is installed
+    # and the command line did not choose: `pytest -n 0` and `pytest -p no:xdist` still
+    # run serially. Set here rather than in pyproject's addopts, where `-p no:xdist` would
+    # make `-n` an unknown option. (A spare worker, to use the time tests spend waiting,
+    # made no difference in CI: the suite is bound by the CPU.)
     # A worker (which has `workerinput`) must not start workers of its own.
     if (config.pluginmanager.has_plugin("xdist") and not hasattr(config, "workerinput")
             and config.getoption("numprocesses", None) is None):
-        config.option.numprocesses = default_workers()
-
-
-def default_workers() -> int:
-    """One worker per core, plus one. Many tests wait (for a real process, a socket, a
-    kernel), and with one worker per core the cores were busy 82 % of the time; a
-    spare worker uses those waits (the suite took 186 s instead of 225 s on 2 cores)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:                      # macOS and Windows have no affinity
-        cores = os.cpu_count() or 1
-    return cores + 1
+        config.option.numprocesses = "auto"
 
 
 def pytest_configure(config):

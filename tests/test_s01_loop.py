@@ -521,6 +521,8 @@ def test_a_real_process_survives_ctrl_c_and_raw_bytes_and_ends_on_sigterm(stage_
         for pid in pids:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
 def test_offline_model_says_when_output_was_cut(stage, tmp_path):
     result = run_main(stage, "-p", "$ yes | head -c 100000", cwd=tmp_path)
     assert result.returncode == 0
