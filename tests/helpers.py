@@ -99,7 +99,8 @@ def retried_when_the_kernel_does_not_start(runtest, attempts: int = 3):
     """A notebook item's runtest() that starts a new kernel when the first one died
     before the notebook's first cell. Nothing of the notebook has run at that point, so
     starting again hides no failure of the notebook's own code: every other error
-    (a cell that fails, a timeout) fails at once, and so does a kernel that never starts."""
+    (a cell that fails, a timeout) fails at once, and a kernel that never starts fails
+    after the last try."""
     @functools.wraps(runtest)
     def run():
         for attempt in range(1, attempts + 1):
