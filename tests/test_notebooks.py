@@ -8,12 +8,12 @@ import json
 import sys
 from types import SimpleNamespace
 
-import pytest
-
-import conftest
 import nbformat
+import pytest
 from nbclient import NotebookClient
 from nbmake.pytest_items import NotebookItem
+
+import conftest
 from helpers import (KERNEL_DID_NOT_START, ROOT, all_stages,
                      retried_when_the_kernel_does_not_start)
 

@@ -15,8 +15,8 @@ import json
 import os
 import signal
 import threading
-import types
 import time
+import types
 
 import openai
 import pytest
