@@ -1,9 +1,10 @@
 """Build-time helpers for the docs site, loaded by `hooks:` in mkdocs.yml.
 
 1. Stage diff pages. Before every build, docs/<lang>/diff/sNN.md is written for each stage
-   from s02: the unified diff from the previous stage file, with a translated title and one
-   translated sentence. The pages are generated from the real files, never edited by hand,
-   and git-ignored. They are written into docs/ rather than added as virtual files because
+   from s02: the unified diff of the code from the previous stage file (the docstrings are
+   left out, so the page opens with code), then what the stage adds, changes and removes,
+   as course/build.py knows it, with a translated title and sentence. The pages are
+   generated from the real files, never edited by hand, and git-ignored. They are written into docs/ rather than added as virtual files because
    mkdocs-static-i18n localises only files inside docs_dir. A page is rewritten only when
    its text changed, or `mkdocs serve` would see a change and rebuild in a loop.
 2. Relative language links on the home pages. mkdocs-static-i18n gives the home pages'
@@ -13,8 +14,11 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -22,17 +26,26 @@ from mkdocs.plugins import event_priority
 
 STAGE_FILE = re.compile(r"^s(\d\d)_[a-z0-9_]+\.py$")
 
-# Per language: the page title and the one sentence above the diff.
+# Per language: the page title, the sentence above the diff, the heading of the list of
+# what the stage adds, changes and removes.
 DIFF_PAGE_TEXT = {
     "en": ("{stage} · Diff from {previous}",
-           "Everything `{new_file}` changes in `{old_file}`, generated from the real files "
-           "when this site was built; [the chapter]({chapter}) explains why."),
+           "Every change the code of `{new_file}` makes to `{old_file}`, generated from the "
+           "real files when this site was built (the docstrings are left out); [the chapter]"
+           "({chapter}) explains why. Below the diff: what the stage adds, changes and "
+           "removes, as `python course/build.py --changes {stage}` prints it.",
+           "What {stage} adds, changes and removes"),
     "zh": ("{stage} · 与 {previous} 的差异",
-           "`{new_file}` 相对于 `{old_file}` 的全部改动，在构建本网站时由真实文件生成；"
-           "[本章]({chapter})讲解为什么这样改。"),
+           "`{new_file}` 的代码相对于 `{old_file}` 的全部改动，在构建本网站时由真实文件生成"
+           "（不含文档字符串）；[本章]({chapter})讲解为什么这样改。差异之后列出本阶段新增、"
+           "修改和删除的定义，与 `python course/build.py --changes {stage}` 的输出相同。",
+           "{stage} 新增、修改和删除的定义"),
     "ru": ("{stage} · Отличия от {previous}",
-           "Всё, что `{new_file}` меняет в `{old_file}`, сгенерировано из настоящих файлов "
-           "при сборке сайта; [глава]({chapter}) объясняет, зачем."),
+           "Всё, что код `{new_file}` меняет в `{old_file}`, сгенерировано из настоящих "
+           "файлов при сборке сайта (без строк документации); [глава]({chapter}) объясняет, "
+           "зачем. После различий — что этап добавляет, меняет и удаляет, как это печатает "
+           "`python course/build.py --changes {stage}`.",
+           "Что {stage} добавляет, меняет и удаляет"),
 }
 
 
@@ -41,12 +54,20 @@ def stage_files(agents_dir: Path) -> list[Path]:
     return sorted(p for p in agents_dir.glob("s*.py") if STAGE_FILE.match(p.name))
 
 
+def code_lines(path: Path) -> list[str]:
+    """The file's lines from the first one after its module docstring."""
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    first = tree.body[0] if tree.body else None
+    has_docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+        and isinstance(first.value.value, str)
+    return text.splitlines(keepends=True)[first.end_lineno if has_docstring else 0:]
+
+
 def stage_diff(old: Path, new: Path) -> str:
-    """The unified diff of two stage files, as `diff -u` would show it."""
-    return "".join(difflib.unified_diff(
-        old.read_text(encoding="utf-8").splitlines(keepends=True),
-        new.read_text(encoding="utf-8").splitlines(keepends=True),
-        f"agents/{old.name}", f"agents/{new.name}"))
+    """The unified diff of two stage files' code, as `diff -u` would show it."""
+    return "".join(difflib.unified_diff(code_lines(old), code_lines(new),
+                                        f"agents/{old.name}", f"agents/{new.name}"))
 
 
 def code_fence(text: str) -> str:
@@ -55,27 +76,33 @@ def code_fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
-def diff_page(lang: str, old: Path, new: Path) -> str:
-    title, sentence = DIFF_PAGE_TEXT[lang]
+def diff_page(lang: str, old: Path, new: Path, changes: str | None = None) -> str:
+    title, sentence, heading = DIFF_PAGE_TEXT[lang]
     stage, previous = new.name[:3], old.name[:3]
     chapter = "../" + new.stem.replace("_", "-") + ".md"
     title = title.format(stage=stage, previous=previous)
     sentence = sentence.format(new_file=f"agents/{new.name}", old_file=f"agents/{old.name}",
-                               chapter=chapter)
+                               chapter=chapter, stage=stage)
     diff = stage_diff(old, new)
     fence = code_fence(diff)
     # Front matter: keep the diffs out of search, or every query would hit lines of code.
-    return (f"---\nsearch:\n  exclude: true\n---\n\n# {title}\n\n{sentence}\n\n"
+    page = (f"---\nsearch:\n  exclude: true\n---\n\n# {title}\n\n{sentence}\n\n"
             f"{fence}diff\n{diff}{fence}\n")
+    if changes:
+        fence = code_fence(changes)
+        page += f"\n## {heading.format(stage=stage)}\n\n{fence}text\n{changes}{fence}\n"
+    return page
 
 
 def language_folders(docs_dir: Path) -> list[str]:
     return sorted(p.name for p in docs_dir.iterdir() if (p / "index.md").is_file())
 
 
-def write_diff_pages(docs_dir: Path, agents_dir: Path) -> list[Path]:
+def write_diff_pages(docs_dir: Path, agents_dir: Path,
+                     changes: dict[str, str] | None = None) -> list[Path]:
     """Write docs/<lang>/diff/sNN.md for every stage from s02; return the pages that changed.
-    Pages of stages that no longer exist are removed."""
+    `changes` maps "s09" to what the stage adds, changes and removes. Pages of stages that
+    no longer exist are removed."""
     missing = [lang for lang in language_folders(docs_dir) if lang not in DIFF_PAGE_TEXT]
     if missing:
         raise PluginError(f"docs_hooks.py: no diff page text for the language(s) {missing}")
@@ -88,7 +115,7 @@ def write_diff_pages(docs_dir: Path, agents_dir: Path) -> list[Path]:
         for old, new in zip(stages, stages[1:]):
             page = folder / f"{new.name[:3]}.md"
             wanted.add(page)
-            text = diff_page(lang, old, new)
+            text = diff_page(lang, old, new, (changes or {}).get(new.name[:3]))
             if not page.is_file() or page.read_text(encoding="utf-8") != text:
                 page.write_text(text, encoding="utf-8")
                 changed.append(page)
@@ -97,9 +124,20 @@ def write_diff_pages(docs_dir: Path, agents_dir: Path) -> list[Path]:
     return changed
 
 
+def stage_changes(root: Path) -> dict[str, str]:
+    """{"s02": text, …}: `python course/build.py --changes sNN` for every stage."""
+    spec = importlib.util.spec_from_file_location("course_build", root / "course" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, build)        # dataclasses look their module up there
+    spec.loader.exec_module(build)
+    course = build.read_course(root / "course")
+    return {part.name[:3]: build.describe_changes(course, part.name[:3])
+            for part in course.parts}
+
+
 def on_pre_build(config) -> None:
     root = Path(config["config_file_path"]).parent
-    write_diff_pages(Path(config["docs_dir"]), root / "agents")
+    write_diff_pages(Path(config["docs_dir"]), root / "agents", stage_changes(root))
 
 
 def relative_language_links(page, alternates: list[dict]) -> None:

@@ -1,10 +1,12 @@
+# Generated from course/ by course/build.py: edit there, then rebuild.
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
 What this stage adds
     The smallest working agent: send the conversation to a chat model, run every tool
     call it asks for, send the results back, and repeat until the model answers
     without asking for a tool. Every tool call gets exactly one tool result, so the
-    message list is always valid, even after an error or Ctrl-C.
+    message list is always valid, even after an error or Ctrl-C. A limit on model calls
+    (--max-iterations, default 30) ends a turn that never stops.
 
     user ──▶ messages ──▶ model ──▶ tool calls? ──no──▶ answer
                 ▲                       │ yes
@@ -12,19 +14,14 @@ What this stage adds
                 └──── tool results ◀── terminal (timeout, truncation)
                       (one per call)
 
-    A limit on model calls (--max-iterations, default 30) ends a turn that never stops.
-
 Reading guide
-    Start at the banner "[s01] The agent loop": run_conversation() is the whole idea,
-    then run_tool_calls() and execute_tool_call(). Next "[s01] The terminal tool"
-    (run_terminal). The "details" sections after them are the hardening (odd server
-    answers, process groups, bounded output): read them once the core is clear.
-    Everything from "[s01] Command line and REPL" down is plumbing: the command
-    line, the REPL and the offline model.
-
-Changes from the previous stage
-    none: this is the first stage, everything here is introduced in s01
-
+    Start right below the imports: "[s01] Settings" holds the defaults and limits, then
+    "[s01] The agent loop" is the lesson: run_conversation() is the whole idea, then
+    run_tool_calls() and execute_tool_call(). Next "[s01] The terminal tool"
+    (run_terminal()) and "[s01] Talking to an endpoint" (make_client()). The "details"
+    sections after them are the hardening (odd server answers, process groups, bounded
+    output): read them once the core is clear. Last come "[s01] Command line and REPL"
+    and the offline model: plumbing, not the lesson.
 Run
     python agents/s01_loop.py                 # REPL (offline model without a key)
     python agents/s01_loop.py --demo          # the walk-through

@@ -1,12 +1,13 @@
+# Generated from course/ by course/build.py: edit there, then rebuild.
 """s02 · Tool registry — tools as data, and the door every tool call passes.
 
 What this stage adds
     Tools become entries in a registry (name, toolset, JSON schema, handler, an optional
     availability check, whether it changes state). The model is offered only tools whose
-    toolset is enabled and whose check passes. Before anything runs, every call passes the
-    validation door: unknown names, arguments that are not a JSON object, and unexpected,
-    missing or mistyped argument names get a precise error instead of reaching a handler.
-    Three turns in a row with nothing but invalid calls end the turn. File tools return
+    toolset is enabled and whose check passes. Every call first passes the validation
+    door: unknown names, arguments that are not a JSON object, and unexpected, missing
+    or mistyped argument names get a precise error instead of reaching a handler. Three
+    turns in a row with nothing but invalid calls end the turn. File tools return
     results that say exactly what landed.
 
     model ──tool calls──▶ [s02] validation door ──valid──▶ registry.dispatch ──▶ handler
@@ -15,42 +16,16 @@ What this stage adds
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
 Reading guide
-    This stage's lesson starts at the banner "[s02] Tool registry and the validation
-    door": ToolEntry, ToolRegistry, then validate_tool_call() and how
-    run_tool_calls() uses it. Then "[s02] File tools and result classification":
-    read_file(), write_file(), patch(), search_files(), classify_tool_result().
-    "[s02] File tool details" is the hardening (atomic writes, globs, the search
-    deadline). Everything from "[s01] Command line and REPL" down is plumbing:
-    the command line, the REPL (/tools is under "[s02] Tool commands") and the
-    offline model.
-
-Changes from s01
-    added: MAX_INVALID_TURNS, JSON_TYPES, ToolEntry, unknown_tool_message(),
-           ToolRegistry, parse_arguments(), argument_problems(), validate_tool_call(),
-           MAX_READ_LINES, MAX_LINE_CHARS, MAX_SEARCH_MATCHES, MAX_SEARCH_FILE_BYTES,
-           SEARCH_TIMEOUT, SKIPPED_DIRS, function_schema(), error_result(), tool_path(),
-           write_text_atomically(), bounded_lines(), read_file(), write_file(), patch(),
-           glob_matches(), after_double_stars(), searchable_files(), search_files(),
-           search_timeout_error(), SEARCH_WORKER, run_search_worker(), parse_result(),
-           classify_tool_result(), tool_may_have_side_effect(), terminal_available(),
-           build_registry(), REGISTRY, show_tools(), demo_availability(),
-           toolset_list(), DOOR_ERRORS, stubborn_retry(),
-           COMMANDS['/tools']
-    removed: TOOL_SCHEMAS, TOOL_HANDLERS, execute_tool_call()
-                          replaced by REGISTRY and the validation door
-    run_tool_calls()      validates every call first; returns whether any call was valid
-    run_conversation()    offers the registry's tools; counts all-invalid turns (strikes)
-    Session               carries the tool definitions chosen by --toolsets
-    show_event()          marks results that landed, failed or were refused
-    run_turn()            passes the session's tools to the loop
-    HELP_TEXT             /tools lists the offered tools
-    run_demo(), DEMO_INPUTS, parse_args(), open_session()
-                          the file-tool demo; --toolsets and --disable-toolsets
-    STAGE, STAGE_TITLE    this stage's name
-    <imports>             fnmatch, tempfile, pathlib.Path, typing.Callable
-    offline_plan(), offline_summary(), offline_reply(), OFFLINE_HELP
-                          read/write/call verbs; a stubborn retry of rejected raw calls
-
+    Start right below the imports: "[s02] Tool registry and the validation door" is this
+    stage's lesson: ToolEntry, ToolRegistry, then validate_tool_call() (run_tool_calls()
+    in "[s01] The agent loop" calls it). Then "[s02] File tools and result
+    classification": read_file(), write_file(), patch(), search_files(),
+    classify_tool_result(). "[s02] File tool details" is the hardening (atomic writes,
+    globs, the search deadline). The s01 sections follow; the command line, the REPL
+    (/tools is under "[s02] Tool commands") and the offline model come last, and the
+    wiring at the very end builds the registry.
+    Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01]; and
+    12 definitions of the plumbing (python course/build.py --changes s02 lists them all).
 Run
     python agents/s02_tool_registry.py                 # REPL (offline model without a key)
     python agents/s02_tool_registry.py --demo          # the walk-through
@@ -75,370 +50,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 import openai
 from rich.console import Console
 from rich.text import Text
-from typing import Callable
-
-# ── [s01] Settings ──────────────────────────────────────────────────────────
-
-STAGE = "s02"
-STAGE_TITLE = "tool registry, validation door and file tools"
-DEFAULT_MODEL = "gpt-4o-mini"
-MODEL_ENV_VAR = "OPENAI_MODEL"          # the one documented model variable
-MAX_ITERATIONS = 30                     # model calls per turn before we give up
-TERMINAL_TIMEOUT = 60                   # seconds, default for one command
-MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
-MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
-API_TIMEOUT = 120                       # seconds to wait for one model response
-DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
-MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-# ── [s01] The agent loop ────────────────────────────────────────────────────
-
-
-def run_conversation(client, model: str, messages: list,
-                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
-    """The agent loop. Returns the final answer text.
-
-    The loop ends when the assistant message has no tool calls: we trust the
-    message itself, not finish_reason, which some servers report wrongly.
-    `tools` is the list of definitions offered (default: every available tool).
-    """
-    on_event = on_event or (lambda kind, data: None)
-    tools = REGISTRY.get_definitions() if tools is None else tools
-    offered = {tool["function"]["name"]: tool for tool in tools}
-    strikes = 0                         # consecutive turns whose calls were all invalid
-    for _ in range(max_iterations):
-        response = client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
-        message = first_message(response)
-        messages.append(assistant_message_to_dict(message))
-        if not message.tool_calls:
-            return messages[-1]["content"]      # the stored text: safe to print
-        if run_tool_calls(message.tool_calls, messages, on_event, offered):
-            strikes = 0
-        else:
-            strikes += 1
-        if strikes >= MAX_INVALID_TURNS:
-            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
-            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
-                    f"(last: {names}). Ask again, or check the model's tool support.]")
-    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
-            f"(--max-iterations). Ask again to continue.]")
-
-
-def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
-    """Check every call at the door, run the valid ones in order; each call gets
-    exactly one tool message. Returns True if at least one call was valid.
-
-    If Ctrl-C arrives, the interrupted call and every call after it still get a
-    result ("interrupted"), so the conversation stays valid; then we re-raise.
-    """
-    calls = [call_parts(call) for call in tool_calls]
-    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
-    try:
-        for (call_id, name, arguments), (args, error) in zip(calls, checked):
-            on_event("tool_call", {"name": name, "arguments": arguments})
-            result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
-            messages.append(tool_message(call_id, result))
-            on_event("tool_result", {"name": name, "result": result})
-    except KeyboardInterrupt:
-        answer_open_tool_calls(messages, "interrupted by the user")
-        raise
-    return any(error is None for _, error in checked)
-
-
-def assistant_message_to_dict(message) -> dict:
-    """Turn the SDK's message object into the plain dict we send back next time."""
-    entry = {"role": "assistant", "content": safe_text(message.content or "")}
-    if message.tool_calls:
-        entry["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            for call_id, name, arguments in map(call_parts, message.tool_calls)
-        ]
-    return entry
-
-
-def tool_message(call_id: str, content: str) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-# ── [s01] The terminal tool ─────────────────────────────────────────────────
-
-TERMINAL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "terminal",
-        "description": "Run a shell command in the working directory and return its "
-                       "combined stdout/stderr and exit code.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "description": "The shell command to run."},
-                "timeout": {"type": "integer",
-                            "description": f"Seconds before the command is killed "
-                                           f"(default {TERMINAL_TIMEOUT}, "
-                                           f"max {MAX_TERMINAL_TIMEOUT})."},
-            },
-            "required": ["command"],
-        },
-    },
-}
-
-
-def run_terminal(command: str, timeout: int | None = None) -> str:
-    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
-    if not isinstance(command, str) or not command.strip():
-        return json.dumps({"error": "command must be a non-empty string"})
-    if timeout is None:
-        timeout = TERMINAL_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, int) \
-            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
-        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
-    try:
-        cwd = os.getcwd()
-    except OSError as exc:                      # the folder was deleted while we ran
-        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
-                                    f"unreadable ({exc.strerror}). Start the agent again "
-                                    f"in an existing folder."})
-    output, stop = BoundedOutput(), threading.Event()
-    command_start = CommandStart(command, cwd)
-    try:
-        proc = command_start.started()
-        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
-                                  daemon=True)
-        reader.start()
-        finished = wait_for_command(proc, reader, timeout)
-    except BaseException:                       # Ctrl-C: never leave the command running
-        command_start.kill()
-        raise
-    if finished:
-        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
-                          ensure_ascii=False)
-    kill_process_group(proc)
-    proc.wait()
-    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
-    note = f"\n[command timed out after {timeout}s; its process group was killed]"
-    if reader.is_alive():                       # `setsid` took a process out of the group
-        stop.set()
-        note += "\n[a process outside the group still holds the output; shown so far]"
-    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
-                      ensure_ascii=False)
-
-# ── [s01] Talking to an endpoint ────────────────────────────────────────────
-
-
-def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
-    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
-                         max_retries=0, timeout=API_TIMEOUT)
-
-
-def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
-    """One clear line for each way an endpoint can fail; never a traceback."""
-    reason = not_an_api_reason(exc)
-    if reason:                              # checked first: a 501 is no server error to retry
-        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
-    if isinstance(exc, openai.APITimeoutError):
-        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
-    if isinstance(exc, openai.APIConnectionError):
-        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
-    if isinstance(exc, openai.AuthenticationError):
-        if not os.environ.get("OPENAI_API_KEY"):
-            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
-        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
-    if isinstance(exc, openai.RateLimitError):
-        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
-    if isinstance(exc, openai.NotFoundError):
-        return (f"Model '{model}' or its API was not found at {base_url} (404). "
-                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
-    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
-        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
-    if isinstance(exc, openai.APIStatusError):
-        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
-    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
-
-
-def not_an_api_reason(exc: Exception) -> str | None:
-    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
-    if isinstance(exc, NotAnAPIError):
-        return str(exc)
-    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
-        return "its answer is not valid JSON"
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
-        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
-    return None
-
-
-def first_line(text: str, limit: int = 200) -> str:
-    line = (str(text).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit] + "…"
-
-# ── [s01] Loop details ──────────────────────────────────────────────────────
-
-
-class NotAnAPIError(openai.OpenAIError):
-    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
-
-
-def first_message(response):
-    """The assistant message of a chat completion, or a clear error for anything else
-    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
-    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
-        raise NotAnAPIError("it answered with text or a web page, not JSON")
-    try:
-        message = response.choices[0].message
-        if isinstance(message.content, (str, type(None))) and \
-                isinstance(message.tool_calls, (list, type(None))):
-            return message
-    except (AttributeError, IndexError, TypeError):
-        pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
-
-
-def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
-    call without `function`, a name that is not text) get a name no tool has."""
-    function = getattr(call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
-
-
-def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
-    start = len(messages)
-    while start > 0 and messages[start - 1].get("role") == "tool":
-        start -= 1
-    calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
-    for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
-
-# ── [s01] Terminal details ──────────────────────────────────────────────────
-
-
-class BoundedOutput:
-    """A command's output in bounded memory: the first and the last part, and a count
-    of everything in between. `yes` can print a gigabyte before any timeout."""
-
-    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
-        self.head_limit = limit // 2
-        self.tail_limit = limit - self.head_limit
-        self.head = ""
-        self.tail = ""
-        self.total = 0
-
-    def add(self, chunk: str) -> None:
-        self.total += len(chunk)
-        room = self.head_limit - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail = (self.tail + chunk)[-self.tail_limit:]
-
-    def text(self) -> str:
-        """Everything, or head and tail with a marker: errors tend to be at the end."""
-        cut = self.total - len(self.head) - len(self.tail)
-        if cut <= 0:
-            return self.head + self.tail
-        return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
-
-
-class CommandStart:
-    """A shell command that a helper thread starts, and the Popen it got.
-
-    Python runs signal handlers in the main thread, between any two steps. Had the main
-    thread called Popen, Ctrl-C or SIGTERM could strike after the command started but
-    before we held its Popen: the command would run on and nobody could kill it. Signals
-    never interrupt the helper thread, so the Popen is always recorded here for kill().
-    """
-
-    def __init__(self, command: str, cwd: str):
-        self.proc: subprocess.Popen | None = None
-        self.error: Exception | None = None
-        self.go, self.done = threading.Event(), threading.Event()
-        # The thread waits for `go`: if we are interrupted before that, nothing starts.
-        threading.Thread(target=self.start, args=(command, cwd), daemon=True).start()
-
-    def start(self, command: str, cwd: str) -> None:
-        self.go.wait()
-        try:
-            # A new session makes the command the leader of its own process group, so
-            # a timeout or Ctrl-C can kill the grandchildren too, not just the shell.
-            self.proc = subprocess.Popen(
-                command, shell=True, cwd=cwd, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        except Exception as exc:                # e.g. a command longer than the system allows
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def started(self) -> subprocess.Popen:
-        self.go.set()
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.proc
-
-    def kill(self) -> None:
-        """Kill the command and its process group, if it was allowed to start."""
-        if self.go.is_set():
-            self.done.wait()
-            if self.proc is not None:
-                kill_process_group(self.proc)
-                self.proc.wait()
-
-
-def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
-    """True if the command exited and closed its output within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    reader.join(timeout)                        # a background child may keep the pipe open
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        return False
-    return not reader.is_alive()
-
-
-def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe
-    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with stream:                                # closing it stops a leftover writer (SIGPIPE)
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            if stop.is_set():
-                return
-            output.add(decoder.decode(chunk))
-        output.add(decoder.decode(b"", final=True))
-
-
-def kill_process_group(proc: subprocess.Popen) -> None:
-    """Kill the command and everything it started (its whole process group)."""
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:                                   # Windows: no process groups here
-            proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass                                    # already gone
 
 # ── [s02] Tool registry and the validation door ─────────────────────────────
 
@@ -883,8 +499,364 @@ def tool_may_have_side_effect(name: str) -> bool:
 def terminal_available() -> bool:
     return os.name == "nt" or Path("/bin/sh").exists()
 
+# ── [s01] Settings ──────────────────────────────────────────────────────────
 
-REGISTRY = build_registry()
+STAGE = "s02"
+STAGE_TITLE = "tool registry, validation door and file tools"
+DEFAULT_MODEL = "gpt-4o-mini"
+MODEL_ENV_VAR = "OPENAI_MODEL"          # the one documented model variable
+MAX_ITERATIONS = 30                     # model calls per turn before we give up
+TERMINAL_TIMEOUT = 60                   # seconds, default for one command
+MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
+MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
+API_TIMEOUT = 120                       # seconds to wait for one model response
+DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
+MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# ── [s01] The agent loop ────────────────────────────────────────────────────
+
+
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    `tools` is the list of definitions offered (default: every available tool).
+    """
+    on_event = on_event or (lambda kind, data: None)
+    tools = REGISTRY.get_definitions() if tools is None else tools
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    strikes = 0                         # consecutive turns whose calls were all invalid
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        if run_tool_calls(message.tool_calls, messages, on_event, offered):
+            strikes = 0
+        else:
+            strikes += 1
+        if strikes >= MAX_INVALID_TURNS:
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
+            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
+                    f"(last: {names}). Ask again, or check the model's tool support.]")
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
+    """Check every call at the door, run the valid ones in order; each call gets
+    exactly one tool message. Returns True if at least one call was valid.
+
+    If Ctrl-C arrives, the interrupted call and every call after it still get a
+    result ("interrupted"), so the conversation stays valid; then we re-raise.
+    """
+    calls = [call_parts(call) for call in tool_calls]
+    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+    return any(error is None for _, error in checked)
+
+
+def assistant_message_to_dict(message) -> dict:
+    """Turn the SDK's message object into the plain dict we send back next time."""
+    entry = {"role": "assistant", "content": safe_text(message.content or "")}
+    if message.tool_calls:
+        entry["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in map(call_parts, message.tool_calls)
+        ]
+    return entry
+
+
+def tool_message(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+# ── [s01] The terminal tool ─────────────────────────────────────────────────
+
+TERMINAL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "terminal",
+        "description": "Run a shell command in the working directory and return its "
+                       "combined stdout/stderr and exit code.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The shell command to run."},
+                "timeout": {"type": "integer",
+                            "description": f"Seconds before the command is killed "
+                                           f"(default {TERMINAL_TIMEOUT}, "
+                                           f"max {MAX_TERMINAL_TIMEOUT})."},
+            },
+            "required": ["command"],
+        },
+    },
+}
+
+
+def run_terminal(command: str, timeout: int | None = None) -> str:
+    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
+    if not isinstance(command, str) or not command.strip():
+        return json.dumps({"error": "command must be a non-empty string"})
+    if timeout is None:
+        timeout = TERMINAL_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, int) \
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
+        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:                      # the folder was deleted while we ran
+        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
+                                    f"unreadable ({exc.strerror}). Start the agent again "
+                                    f"in an existing folder."})
+    output, stop = BoundedOutput(), threading.Event()
+    command_start = CommandStart(command, cwd)
+    try:
+        proc = command_start.started()
+        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
+                                  daemon=True)
+        reader.start()
+        finished = wait_for_command(proc, reader, timeout)
+    except BaseException:                       # Ctrl-C: never leave the command running
+        command_start.kill()
+        raise
+    if finished:
+        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
+                          ensure_ascii=False)
+    kill_process_group(proc)
+    proc.wait()
+    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
+    note = f"\n[command timed out after {timeout}s; its process group was killed]"
+    if reader.is_alive():                       # `setsid` took a process out of the group
+        stop.set()
+        note += "\n[a process outside the group still holds the output; shown so far]"
+    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
+                      ensure_ascii=False)
+
+# ── [s01] Talking to an endpoint ────────────────────────────────────────────
+
+
+def make_client(base_url: str | None, api_key: str | None):
+    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
+    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
+                         max_retries=0, timeout=API_TIMEOUT)
+
+
+def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
+    """One clear line for each way an endpoint can fail; never a traceback."""
+    reason = not_an_api_reason(exc)
+    if reason:                              # checked first: a 501 is no server error to retry
+        return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APITimeoutError):
+        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+    if isinstance(exc, openai.APIConnectionError):
+        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
+    if isinstance(exc, openai.AuthenticationError):
+        if not os.environ.get("OPENAI_API_KEY"):
+            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
+        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+    if isinstance(exc, openai.RateLimitError):
+        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
+    if isinstance(exc, openai.NotFoundError):
+        return (f"Model '{model}' or its API was not found at {base_url} (404). "
+                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
+        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if isinstance(exc, openai.APIStatusError):
+        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
+
+
+def not_an_api_reason(exc: Exception) -> str | None:
+    """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
+    if isinstance(exc, NotAnAPIError):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):   # the SDK could not parse a "JSON" body
+        return "its answer is not valid JSON"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (405, 501):
+        return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
+    return None
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    line = (str(text).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit] + "…"
+
+# ── [s01] Loop details ──────────────────────────────────────────────────────
+
+
+class NotAnAPIError(openai.OpenAIError):
+    """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
+
+
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
+    if isinstance(response, str):               # the SDK returns a body that is not JSON as text
+        raise NotAnAPIError("it answered with text or a web page, not JSON")
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))) and \
+                isinstance(message.tool_calls, (list, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
+
+
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
+    or undecodable input) become "?" instead of crashing the next step."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
+    call without `function`, a name that is not text) get a name no tool has."""
+    function = getattr(call, "function", None)
+    name = getattr(function, "name", None)
+    arguments = getattr(function, "arguments", None)
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
+
+
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+# ── [s01] Terminal details ──────────────────────────────────────────────────
+
+
+class BoundedOutput:
+    """A command's output in bounded memory: the first and the last part, and a count
+    of everything in between. `yes` can print a gigabyte before any timeout."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = ""
+        self.tail = ""
+        self.total = 0
+
+    def add(self, chunk: str) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail = (self.tail + chunk)[-self.tail_limit:]
+
+    def text(self) -> str:
+        """Everything, or head and tail with a marker: errors tend to be at the end."""
+        cut = self.total - len(self.head) - len(self.tail)
+        if cut <= 0:
+            return self.head + self.tail
+        return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
+
+
+class CommandStart:
+    """A shell command that a helper thread starts, and the Popen it got.
+
+    Python runs signal handlers in the main thread, between any two steps. Had the main
+    thread called Popen, Ctrl-C or SIGTERM could strike after the command started but
+    before we held its Popen: the command would run on and nobody could kill it. Signals
+    never interrupt the helper thread, so the Popen is always recorded here for kill().
+    """
+
+    def __init__(self, command: str, cwd: str):
+        self.proc: subprocess.Popen | None = None
+        self.error: Exception | None = None
+        self.go, self.done = threading.Event(), threading.Event()
+        # The thread waits for `go`: if we are interrupted before that, nothing starts.
+        threading.Thread(target=self.start, args=(command, cwd), daemon=True).start()
+
+    def start(self, command: str, cwd: str) -> None:
+        self.go.wait()
+        try:
+            # A new session makes the command the leader of its own process group, so
+            # a timeout or Ctrl-C can kill the grandchildren too, not just the shell.
+            self.proc = subprocess.Popen(
+                command, shell=True, cwd=cwd, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except Exception as exc:                # e.g. a command longer than the system allows
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def started(self) -> subprocess.Popen:
+        self.go.set()
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.proc
+
+    def kill(self) -> None:
+        """Kill the command and its process group, if it was allowed to start."""
+        if self.go.is_set():
+            self.done.wait()
+            if self.proc is not None:
+                kill_process_group(self.proc)
+                self.proc.wait()
+
+
+def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
+    """True if the command exited and closed its output within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    reader.join(timeout)                        # a background child may keep the pipe open
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        return False
+    return not reader.is_alive()
+
+
+def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
+    """Read a command's output as it arrives, until every process has closed the pipe
+    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with stream:                                # closing it stops a leftover writer (SIGPIPE)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            if stop.is_set():
+                return
+            output.add(decoder.decode(chunk))
+        output.add(decoder.decode(b"", final=True))
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Kill the command and everything it started (its whole process group)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:                                   # Windows: no process groups here
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass                                    # already gone
 
 # ── [s01] Command line and REPL ─────────────────────────────────────────────
 
@@ -1216,7 +1188,6 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "the file tools, 'call <tool> <json>' sends a raw tool call. "
                 "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
                 "other providers) and start me again.")
-DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
 
 
 def offline_plan(text: str):
@@ -1232,16 +1203,6 @@ def offline_plan(text: str):
     if verb == "call" and rest.strip():
         name, _, raw_arguments = rest.strip().partition(" ")
         return name, raw_arguments
-    return None
-
-
-def stubborn_retry(messages: list):
-    """Like a confused model, resend a raw `call` that the validation door rejected."""
-    assistant = next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
-    calls = assistant.get("tool_calls") or []
-    if len(calls) == 1 and calls[0]["id"].startswith("call_raw_") \
-            and str(messages[-1].get("content")).startswith(DOOR_ERRORS):
-        return {"content": "", "tool_calls": [dict(calls[0], id=calls[0]["id"] + "_again")]}
     return None
 
 
@@ -1343,6 +1304,22 @@ def start_offline_server():
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
     return server
+DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
+
+
+def stubborn_retry(messages: list):
+    """Like a confused model, resend a raw `call` that the validation door rejected."""
+    assistant = next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
+    calls = assistant.get("tool_calls") or []
+    if len(calls) == 1 and calls[0]["id"].startswith("call_raw_") \
+            and str(messages[-1].get("content")).startswith(DOOR_ERRORS):
+        return {"content": "", "tool_calls": [dict(calls[0], id=calls[0]["id"] + "_again")]}
+    return None
+
+# ── Wiring: module-level set-up, run once everything above is defined ───────
+
+# [s02]
+REGISTRY = build_registry()
 
 
 if __name__ == "__main__":

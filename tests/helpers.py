@@ -26,6 +26,28 @@ AGENTS = Path(os.environ.get("LEARN_HERMES_AGENTS_DIR") or ROOT / "agents")
 STAGE_FILE = re.compile(r"^s(\d\d)_[a-z0-9_]+\.py$")
 
 
+@functools.lru_cache(maxsize=None)
+def course_build():
+    """course/build.py, the generator, as a module (loaded once)."""
+    path = ROOT / "course" / "build.py"
+    spec = importlib.util.spec_from_file_location("course_build", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module             # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def course_lineage() -> dict[str, dict[str, list[str]]]:
+    """What each stage adds, changes and removes, as course/ says: {"s03_session_store":
+    {"added": [names], "changed": [...], "removed": [...]}, ...}."""
+    build = course_build()
+    course = build.read_course()
+    return {part.name: {kind: [d.name for d in found]
+                        for kind, found in build.lineage(course, part.stage).items()}
+            for part in course.parts}
+
+
 def all_stages() -> list[str]:
     """Stage names present in agents/, in order: ['s01_loop', ...]."""
     return sorted(p.stem for p in AGENTS.glob("s*.py") if STAGE_FILE.match(p.name))

@@ -4,8 +4,8 @@
     python tests/mutants.py s03_session_store --all
     python tests/mutants.py --names cap_context,load_identity --all
 
-The script reads which top-level names a stage ADDED from the LINEAGE table in
-tests/test_lineage.py, and makes small semantic mutants of their code with `ast`:
+The script reads which top-level names a stage ADDED from the one source (course/,
+through course/build.py), and makes small semantic mutants of their code with `ast`:
 
     comparison flips    <  <=   >  >=   ==  !=   is / is not   in / not in
     integer constants   n -> n+1 and n -> n-1
@@ -40,8 +40,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
-from helpers import AGENTS, all_stages  # noqa: E402
-from test_lineage import LINEAGE  # noqa: E402
+from helpers import AGENTS, all_stages, course_lineage  # noqa: E402
 
 FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
          ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
@@ -227,8 +226,8 @@ def main(argv=None) -> int:
                                          "names the stage added)")
     args = parser.parse_args(argv)
 
-    added = {n for n in LINEAGE[args.stage].get("added", ()) if not n.startswith("<")}
-    if LINEAGE[args.stage].get("base"):
+    added = {n for n in course_lineage()[args.stage]["added"] if not n.startswith("<")}
+    if args.stage == stages[0]:
         sys.exit("mutants: the base stage adds everything; choose a later stage")
     names = added if not args.names else set(args.names.split(","))
     if names - added:

@@ -9,7 +9,7 @@
   removed, in the previous one): `function()`, `ClassName`, `CONSTANT`, a bare
   `snake_case_name` and a dotted `object.attribute`. "What's next" may also name what the
   next stage has. `CONSTANT = value` must match the code. A name the stage removed
-  (LINEAGE in test_lineage.py) appears only in "Changes from the previous stage".
+  (course/build.py --changes) appears only in "Changes from the previous stage".
 - Every ```python excerpt is copied verbatim from the stage file (`...` lines may
   separate pieces).
 - The chapter skeleton (checked on en; parity carries it to zh and ru), as ## headings:
@@ -36,8 +36,7 @@ import pytest
 import yaml
 from markdown_it import MarkdownIt
 
-from helpers import AGENTS, ROOT, all_stages, stage_number
-from test_lineage import LINEAGE
+from helpers import AGENTS, ROOT, all_stages, course_lineage, stage_number
 
 DOCS = ROOT / "docs"
 LANGUAGES = ["en", "zh", "ru"]
@@ -249,7 +248,9 @@ def name_problems(text: str, *sources: str) -> list[str]:
         if span in NOT_OURS:
             continue
         if call and "." in call.group(1):
-            if call.group(1) + "(" not in source:
+            owner, method = call.group(1).rsplit(".", 1)
+            is_method = owner in defined and f"    def {method}(" in source    # Class.method()
+            if call.group(1) + "(" not in source and not is_method:
                 problems.append(f"`{span}`: {call.group(1)}( is not in the stage file")
         elif call and call.group(1) not in defined:
             problems.append(f"`{span}`: no def/class {call.group(1)} in the stage file")
@@ -390,7 +391,7 @@ def test_chapter_names_only_what_the_code_has(chapter, lang):
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_removed_names_appear_only_in_changes(chapter, lang):
     stage = stage_for(chapter)
-    removed = [n for n in LINEAGE.get(stage, {}).get("removed", ()) if not n.startswith("<")]
+    removed = [n for n in course_lineage()[stage]["removed"] if not n.startswith("<")]
     position, _ = h2_part(sections(read("en", chapter)), CHANGES)
     changes = position if position >= 0 else None
     assert removed_name_problems(read(lang, chapter), removed, changes) == []
@@ -445,9 +446,10 @@ def test_diff_pages_hold_the_real_diff(tmp_path):
     assert sorted(written) == sorted(docs / lang / "diff" / f"{s[:3]}.md"
                                      for lang in LANGUAGES for s in stages[1:])
     for old, new in zip(stages, stages[1:]):
-        a, b = [(AGENTS / f"{s}.py").read_text(encoding="utf-8").splitlines(keepends=True)
+        a, b = [code_without_docstring((AGENTS / f"{s}.py").read_text(encoding="utf-8"))
                 for s in (old, new)]
         expected = "".join(difflib.unified_diff(a, b, f"agents/{old}.py", f"agents/{new}.py"))
+        assert "Reading guide" not in expected, "the diff leaves the docstrings out"
         titles = set()
         for lang in LANGUAGES:
             page = (docs / lang / "diff" / f"{new[:3]}.md").read_text(encoding="utf-8")
@@ -456,6 +458,24 @@ def test_diff_pages_hold_the_real_diff(tmp_path):
             chapter = re.search(r"\]\(\.\./(s\d\d-[a-z0-9-]+\.md)\)", page).group(1)
             assert (DOCS / lang / chapter).is_file(), f"{lang}/diff links to {chapter}"
         assert len(titles) == len(LANGUAGES), f"titles are not translated: {titles}"
+
+
+def code_without_docstring(text: str) -> list[str]:
+    """The lines after the module docstring (the generated line and docstring go)."""
+    end = ast.parse(text).body[0].end_lineno
+    return text.splitlines(keepends=True)[end:]
+
+
+def test_diff_pages_list_what_the_stage_adds_changes_and_removes(tmp_path):
+    docs = language_folders(tmp_path)
+    hooks = docs_hooks()
+    hooks.write_diff_pages(docs, AGENTS, hooks.stage_changes(ROOT))
+    for lang in LANGUAGES:
+        page = (docs / lang / "diff" / "s09.md").read_text(encoding="utf-8")
+        assert page.index("```diff") < page.index("\n## ")     # the code comes first
+        listed = fenced(page, "text")
+        assert "DANGEROUS_PATTERNS" in listed.split("changed:")[0]
+        assert "write_file()" in listed.split("changed:")[1]
 
 
 def test_diff_pages_are_written_only_when_they_change(tmp_path):

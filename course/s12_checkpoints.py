@@ -1,0 +1,1164 @@
+# s12_checkpoints: what this stage adds, changes and removes. course/build.py writes the stage files.
+
+#: docstring
+"""s12 · Checkpoints — a shadow git snapshot before each turn's first change, /rollback.
+
+What this stage adds
+    Before the first change of each user turn (write_file, patch, or a terminal command
+    that may change files) the project is snapshot into the agent's own bare git
+    repository under $LEARN_HERMES_HOME/checkpoints/; the project's .git is never touched.
+    Ignored files, DEFAULT_EXCLUDES, nested repositories and files over 10 MB are left
+    out; 20 are kept; a failed one is a warning. /rollback lists them, /rollback diff N
+    shows the changes since N, /rollback N makes the project exactly N (undo: /rollback 1).
+
+    user turn: first write_file / patch / terminal that may change files
+      ─▶ checkpoint_before_change() ─▶ CheckpointManager.snapshot(reason) ─▶ the tool
+          add -A ─▶ diff --numstat ─▶ nothing? skip ─▶ write-tree ─▶ commit-tree
+          ─▶ refs/checkpoints/0000000007 ─▶ prune
+    /rollback N ──▶ restore(): snapshot("before rollback to …"), then
+          git restore --source=<id> --staged --worktree --no-overlay -- .
+
+Reading guide
+    Start right below the imports: "[s12] Checkpoints" is this stage's lesson:
+    CheckpointManager (snapshot(), list(), diff(), restore(); git() and run()), then when
+    a checkpoint is taken: before_change() once per turn, checkpoint_before_change()
+    called by the tools, command_may_change_files(). "[s12] Checkpoint details" is the
+    hardening (git's settings, excludes, nested repositories). Earlier stages follow,
+    then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
+    {changed elsewhere}
+Run
+    python agents/s12_checkpoints.py                  # REPL (offline model without a key)
+    python agents/s12_checkpoints.py --demo           # the walk-through
+    printf 'write a.txt 1\n$ echo 2 > a.txt\n/rollback 1\n' |
+        python agents/s12_checkpoints.py
+Chapter
+    docs/en/s12-checkpoints.md
+"""
+
+#: imports
+import argparse
+import base64
+import binascii
+import bisect
+import codecs
+import contextvars
+import copy
+import datetime
+import difflib
+import email.utils
+import fnmatch
+import functools
+import glob
+import hashlib
+import html
+import itertools
+import json
+import os
+import platform
+import posixpath
+import random
+import re
+import select
+import shutil
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unicodedata
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from markdown_it import MarkdownIt
+import openai
+import yaml
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from typing import Callable, NamedTuple
+
+#: section Checkpoints
+
+CHECKPOINTS_DIR_NAME = "checkpoints"    # $LEARN_HERMES_HOME/checkpoints/<project_key()>/
+CHECKPOINT_REFS = "refs/checkpoints/"   # one ref per checkpoint keeps its commit alive
+SHORT_ID_CHARS = 7                      # of a commit id, /rollback shows this much
+# Defaults of the limits, rows of s11's SETTINGS; main() passes the chain's values.
+MAX_SNAPSHOTS = 20                      # checkpoints kept per project
+MAX_FILES = 50_000                      # a project with more files gets none
+MAX_FILE_SIZE_MB = 10                   # larger files are left out
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be taken, listed or restored; the message says why."""
+
+
+class Checkpoint(NamedTuple):
+    index: int                  # 1 = the newest, as /rollback numbers them
+    id: str                     # the commit's id
+    ref: str                    # refs/checkpoints/0000000007: the names sort by age
+    time: float                 # when it was taken, in seconds since 1970
+    reason: str                 # "before write_file notes.txt", "before rollback to 1a2b3c4"
+    files: int                  # what changed since the checkpoint before it: files,
+    added: int                  # lines added
+    removed: int                # and lines removed
+    left_out: tuple = ()        # there then, not in it: nested repositories, large and
+                                # ignored files ("node_modules/": a whole folder)
+
+    @property
+    def short(self) -> str:
+        return self.id[:SHORT_ID_CHARS]
+
+
+class Restored(NamedTuple):
+    checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
+    undo: str                   # the checkpoint taken just before: the way back
+    path: str | None
+
+
+class CheckpointManager:
+    """Checkpoints of one project folder, kept in a git repository of the agent's own
+    (a "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/, a bare repository with
+    no files of its own. Every git call names the store and the project explicitly, so
+    the project's own .git is never read or written."""
+
+    def __init__(self, project: Path, home: Path | None = None,
+                 max_snapshots: int = MAX_SNAPSHOTS, max_files: int = MAX_FILES,
+                 max_file_size_mb: int = MAX_FILE_SIZE_MB):
+        self.project = Path(os.path.realpath(project))
+        self.home = Path(os.path.realpath(home or hermes_home()))
+        self.store = self.home / CHECKPOINTS_DIR_NAME / project_key(self.project)
+        self.max_snapshots, self.max_files = max_snapshots, max_files
+        self.max_file_bytes = max_file_size_mb * 1024 * 1024
+        self.git_program = shutil.which("git")      # None: no checkpoint can be taken
+        self.left_out: list[str] = []   # nested repositories and large files, last looked
+        self.lock = threading.Lock()    # s10's sub-agents share the manager
+        self.turn_taken = False         # this user turn has had its checkpoint
+        self.warned: set = set()        # each warning is shown once per run
+
+    def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
+        """Record the project as it is now. The new checkpoint's id, or None when
+        nothing changed since the newest one."""
+        open_checkpoint_store(self)
+        newest = self.list()[:1]
+        stage_tree(self, first=not newest)
+        # What changed since the newest checkpoint. Before the first one, everything:
+        # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
+        changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+                           *[checkpoint.id for checkpoint in newest])
+        if newest and not changes:
+            return None
+        files, added, removed = numstat_totals(changes)
+        tree = self.git("write-tree").strip()
+        left_out = [*self.left_out, *ignored_files(self)]   # here, and not in the checkpoint
+        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n" + \
+            "".join(f"left out {json.dumps(path)}\n" for path in left_out)
+        commit = self.git("commit-tree", tree, input=message).strip()   # no parent
+        number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
+        self.git("update-ref", "--stdin",
+                 input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
+        if prune_old:
+            prune(self)
+        return commit
+
+    def list(self) -> list[Checkpoint]:
+        """Every checkpoint of the project, newest first."""
+        if not (self.store / "HEAD").is_file():
+            return []
+        output = self.git("for-each-ref", "--sort=-refname", f"--format={LIST_FORMAT}",
+                          CHECKPOINT_REFS)
+        return [listed_checkpoint(index, record) for index, record
+                in enumerate(output.split(RECORD_END)[:-1], start=1)]
+
+    def diff(self, n: int | str) -> str:
+        """The changes from checkpoint n to the project as it is now, as git shows them."""
+        checkpoint = find_checkpoint(self, n)
+        open_checkpoint_store(self)
+        stage_tree(self)
+        return self.git("diff", "--cached", "--no-renames", "--no-ext-diff", checkpoint.id,
+                        "--", ".", *excluded(self.left_out))
+
+    def restore(self, n: int | str, path: str | None = None) -> Restored:
+        """Make the project, or only `path`, exactly what checkpoint n holds. First a
+        checkpoint of the project as it is now: the way back."""
+        checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
+        wanted = "."
+        if path is not None:
+            relative = checked_path(self, path)
+            check_restorable(self, checkpoint, relative)    # a typo changes nothing
+            wanted = ":(literal)" + relative
+        # Pruned after the restore: the checkpoint restored may be the oldest one.
+        undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
+            or self.list()[0].id
+        # The snapshot put every file it keeps into the index. --no-overlay removes what
+        # the index has and the checkpoint has not (files created since), except what the
+        # checkpoint left out: those files were there then. Ignored and left out now:
+        # not in the index, they stay as they are.
+        try:
+            self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
+                     "--no-overlay", "--pathspec-from-file=-", "--pathspec-file-nul",
+                     input="\0".join([wanted, *excluded([*self.left_out,
+                                                         *checkpoint.left_out])]))
+        except CheckpointError as exc:
+            if "did not match" not in str(exc):
+                raise
+            raise CheckpointError(f"{visible(path)!r} is left out now (a nested repository "
+                                  f"or a large file): it stays as it is") from None
+        prune(self)
+        return Restored(checkpoint, undo, path)
+
+    def git(self, *args: str, input: str | None = None, settings=()) -> str:
+        """One git command on the store and the project: its output."""
+        options = [part for setting in (*GIT_SETTINGS, *settings) for part in ("-c", setting)]
+        return self.run([f"--git-dir={self.store}", f"--work-tree={self.project}",
+                         *options, *args], input)
+
+    def run(self, args: list, input: str | None = None) -> str:
+        """git with `args`, in the project folder; CheckpointError with git's complaint."""
+        if self.git_program is None:
+            raise CheckpointError("git is not installed (or not on PATH)")
+        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+        try:
+            done = subprocess.run([self.git_program, *args], cwd=self.project,
+                                  env=git_environment(), capture_output=True, text=True,
+                                  encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT,
+                                  **stdin)
+        except subprocess.TimeoutExpired:
+            remove_stale_lock(self.store)
+            raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
+        except OSError as exc:
+            raise CheckpointError(f"git could not run ({exc})") from None
+        except BaseException:                   # Ctrl-C: run() has killed git already
+            remove_stale_lock(self.store)
+            raise
+        if done.returncode != 0:
+            complaint = first_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
+            raise CheckpointError(f"git {git_command_name(args)}: {complaint}")
+        return done.stdout
+
+    def new_turn(self) -> None:
+        with self.lock:
+            self.turn_taken = False
+
+    def before_change(self, reason: str) -> None:
+        """The first change of a user turn: a checkpoint first. Later ones: nothing.
+        The lock makes a sub-agent's change wait until the checkpoint is complete."""
+        with self.lock:
+            if self.turn_taken or never_checkpointed(self.project, self.home):
+                return                  # the second: a rule, not a failure (/rollback says)
+            self.turn_taken = True
+            try:
+                commit = self.snapshot(reason)
+            except Exception as exc:    # a safety net that fails must not stop the work
+                warn_once(self, f"warning: no checkpoint was taken ({first_line(exc)}); "
+                                f"the tool runs anyway")
+                return
+        if commit is not None:
+            show_checkpoint_note(f"[checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
+                                 f"{left_out_note(self.left_out)}]")
+
+    def contains(self, path: Path) -> bool:
+        real = Path(os.path.realpath(path))
+        return real == self.project or self.project in real.parents
+
+
+CHECKPOINTS: CheckpointManager | None = None    # this run's; set by main() (None: off)
+
+
+def checkpoint_before_change(reason: str, target: Path | None = None) -> None:
+    """write_file, patch and the terminal tool call this just before they may change
+    files. A file outside the project is not the project's change: no checkpoint."""
+    manager = CHECKPOINTS
+    if manager is not None and (target is None or manager.contains(target)):
+        manager.before_change(reason)
+
+
+def checkpoint_before_command(command: str) -> None:
+    """A terminal command that may change files (it runs, so the gate let it pass)."""
+    if CHECKPOINTS is not None and command_may_change_files(command):
+        checkpoint_before_change(f"before terminal: {command}")
+
+
+def command_may_change_files(command: str) -> bool:
+    """Read by s09's detector, so quoting, wrappers and sh -c hide nothing: a dangerous
+    command (it was approved), a command that writes a path (a redirect, rm, mv, cp,
+    sed -i, truncate, tee, ...: write_targets()) or a git command that rewrites files.
+    When in doubt (too complex to read, or a failing check): yes."""
+    try:
+        if detect_dangerous_command(command):
+            return True
+        if any(not target.startswith("/dev/") for target in write_targets(command)):
+            return True                         # 2>/dev/null changes no file
+        commands = commands_run(command)
+        return commands is None or any(git_rewrites_files(line.split()) for line in commands)
+    except Exception:
+        return True
+
+#: section Checkpoint details
+
+GIT_TIMEOUT = 60                        # seconds one git command may take
+MAX_REASON_CHARS = 100                  # of a checkpoint's reason, the store keeps this much
+# Never stored (written to the store's info/exclude; the project's .gitignore counts
+# too). Git itself never adds a .git. What a project can rebuild, what should not be
+# copied around (secrets) and what is large: dependencies, caches, build output, logs,
+# binaries, archives and media.
+DEFAULT_EXCLUDES = (
+    "node_modules/", ".venv/", "venv/", "__pycache__/", "*.pyc", "*.pyo", ".tox/",
+    ".cache/", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", "coverage/", ".coverage",
+    "build/", "dist/", "target/", "out/", ".next/", ".nuxt/", ".hg/", ".svn/",
+    ".env", ".env.*", "*.log", ".DS_Store", "Thumbs.db",
+    "*.so", "*.dylib", "*.dll", "*.o", "*.a", "*.obj", "*.exe", "*.class", "*.jar",
+    "*.zip", "*.tar", "*.tar.gz", "*.tgz", "*.7z", "*.rar", "*.iso",
+    "*.mp4", "*.mov", "*.mkv", "*.webm",
+)
+# Every file as its bytes: no line-ending conversion, filter or re-encoding that the
+# project's .gitattributes asks for (info/attributes beats them), or a restore would
+# not give back exactly what was there.
+EXACT_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
+# Given to every git call (-c), so nothing of the user's git setup changes what is
+# stored or runs: an identity (a machine with no git config has none, and commit-tree
+# fails), no signing, no hooks, no global excludes, no automatic gc in the middle of
+# a turn, file names as they are (not "\303\251").
+GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.invalid",
+                "commit.gpgsign=false", f"core.hooksPath={os.devnull}",
+                f"core.excludesFile={os.devnull}", "core.autocrlf=false",
+                "core.fsmonitor=false", "core.quotePath=false", "gc.auto=0")
+# for-each-ref: one record per checkpoint, fields split by NUL, records ended by \x1e
+LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:subject)"
+               "%00%(contents:body)%1e")
+RECORD_END = "\x1e\n"
+CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
+LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
+MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
+# A folder with one of these is a project (Hermes's list): only a project is checkpointed.
+PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
+                   "Makefile", "pom.xml", "Gemfile", ".hg")
+GIT_OPTION_WITH_VALUE = {"-c", "-C", "--git-dir", "--work-tree", "--namespace"}
+GIT_REWRITES = {"reset", "checkout", "switch", "restore", "clean", "stash", "rm", "mv",
+                "apply", "am", "merge", "rebase", "pull", "revert", "cherry-pick"}
+
+
+def project_key(project: Path) -> str:
+    """The store's folder name: the first 16 hex characters of the sha256 of the
+    project's resolved path. One store per project; the path itself is in the store."""
+    return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def project_root(folder: Path) -> Path:
+    """The project of the working folder: the nearest folder, from `folder` up, that
+    holds one of PROJECT_MARKERS; `folder` itself if none does (never_checkpointed()
+    then says why it gets no checkpoints)."""
+    for candidate in (folder, *folder.parents):
+        if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
+            return candidate
+    return folder
+
+
+def never_checkpointed(project: Path, home: Path) -> str | None:
+    """Why this folder gets no checkpoints, or None. / and the home folder are the
+    whole machine or a whole life; the agent's state folder holds the store itself;
+    a folder that is no project may be anything (a download folder, /tmp)."""
+    if project.parent == project:
+        return f"{project} is the root folder: it is never checkpointed"
+    if project == Path(os.path.realpath(os.path.expanduser("~"))):
+        return f"{project} is the home folder: it is never checkpointed"
+    if project == home or home in project.parents:
+        return f"{project} is in the agent's state folder {home}: it is never checkpointed"
+    if not any(os.path.lexists(project / marker) for marker in PROJECT_MARKERS):
+        return (f"{project} is not in a project: neither it nor a folder above holds "
+                f"{', '.join(PROJECT_MARKERS[:3])} or another project marker")
+    return None
+
+
+def git_environment() -> dict:
+    """The environment of a checkpoint's git: no GIT_* variable of the agent's (GIT_DIR
+    would point git at another repository, GIT_INDEX_FILE at another index), no secrets,
+    and neither the user's nor the system's git config. Messages in English (LC_ALL=C)."""
+    env = {name: value for name, value in scrubbed_environment().items()
+           if not name.upper().startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
+               GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    return env
+
+
+def git_command_name(args: list) -> str:
+    """The git command in a call's arguments: "add" in [--git-dir=…, -c, x=y, add, -A]."""
+    words = iter(args)
+    for word in words:
+        if word in GIT_OPTION_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return "git"
+
+
+def git_rewrites_files(words: list) -> bool:
+    """`git reset --hard`, `git -C x checkout .`, ...: a git command that changes the
+    work tree. `words` is one command as commands_run() gives it."""
+    if not words or words[0] != "git":
+        return False
+    return git_command_name(words[1:]) in GIT_REWRITES
+
+
+def numstat_totals(numstat: str) -> tuple[int, int, int]:
+    """(files, lines added, lines removed) from `git diff --numstat -z`. A binary file
+    counts as a file; its lines are "-"."""
+    files = added = removed = 0
+    for record in numstat.split("\0"):
+        parts = record.split("\t", 2)
+        if len(parts) == 3:
+            files += 1
+            added += int(parts[0]) if parts[0].isdecimal() else 0
+            removed += int(parts[1]) if parts[1].isdecimal() else 0
+    return files, added, removed
+
+
+def one_line(text: str) -> str:
+    """A reason as the store keeps it: one line, nothing hidden, at most MAX_REASON_CHARS."""
+    line = visible(" ".join(str(text).split()))
+    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 1] + "…"
+
+
+def listed_checkpoint(index: int, record: str) -> Checkpoint:
+    ref, commit, when, reason, body = record.lstrip("\n").split("\0")
+    stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
+    files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
+    left_out = tuple(json.loads(name) for name in LEFT_OUT_LINE.findall(body))
+    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed, left_out)
+
+
+def checked_id(text: str) -> str:
+    """A checkpoint id as typed: 4 to 64 hex characters, never an option (-x, --help)."""
+    if text.startswith("-") or not CHECKPOINT_ID.fullmatch(text):
+        raise CheckpointError(f"{visible(text)!r} is not a checkpoint: give its number "
+                              f"(/rollback lists them) or its id (4-64 hex characters)")
+    return text
+
+
+def left_out_note(left_out: list) -> str:
+    return (f"; left out: {len(left_out)} (nested repositories, files over "
+            f"checkpoints.max_file_size_mb)" if left_out else "")
+
+
+def show_checkpoint_note(line: str) -> None:
+    console.print(Text(f"  {line}", style="dim"))     # between the tool call and its result
+
+
+def open_checkpoint_store(manager: CheckpointManager) -> None:
+    """Create the store on first use, and write its excludes and attributes (each
+    time: a newer stage may have changed them). The project's path is kept in it."""
+    problem = never_checkpointed(manager.project, manager.home)
+    if problem:
+        raise CheckpointError(problem)
+    store = manager.store
+    record = store / "project"
+    if not (store / "HEAD").is_file():
+        store.mkdir(parents=True, exist_ok=True, mode=0o700)   # it holds copies of files
+        manager.run(["init", "--bare", "--quiet", str(store)])
+        record.write_text(f"{manager.project}\n", encoding="utf-8")
+    elif record.is_file() and record.read_text(encoding="utf-8").strip() != str(manager.project):
+        raise CheckpointError(f"the store {store} belongs to another folder")
+    (store / "info").mkdir(exist_ok=True)
+    (store / "info" / "exclude").write_text(
+        "\n".join([*DEFAULT_EXCLUDES, *state_folder_exclude(manager)]) + "\n", encoding="utf-8")
+    (store / "info" / "attributes").write_text(EXACT_ATTRIBUTES, encoding="utf-8")
+
+
+def state_folder_exclude(manager: CheckpointManager) -> list[str]:
+    """A project that holds the agent's state folder (and so the store): never that."""
+    if manager.project not in manager.home.parents:
+        return []
+    relative = manager.home.relative_to(manager.project).as_posix()
+    if "\n" in relative or "\r" in relative:
+        raise CheckpointError("the state folder's path has a line break: it cannot be "
+                              "excluded")
+    return ["/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", relative) + "/"]    # an exact path
+
+
+def stage_tree(manager: CheckpointManager, first: bool = False) -> None:
+    """The store's index becomes the project as it is now, minus what is left out."""
+    manager.left_out, changed = look_at_tree(manager)
+    if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
+        manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
+                    "--pathspec-from-file=-", "--pathspec-file-nul",
+                    input="\0".join(":(literal)" + path for path in manager.left_out))
+    if not first and not changed:
+        return                              # the index is the project already
+    # A few changed files are added by name: git then skips the rest of the tree (a
+    # third of the time on 10,000 files). The first add of a big tree writes one pack
+    # instead of a file per object: about twice as fast (engineering notes §6).
+    few = not first and len(changed) <= MAX_NAMED_CHANGES
+    specs = [":(literal)" + path for path in changed] if few else \
+        [".", *excluded(manager.left_out)]
+    manager.git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
+                input="\0".join(specs), settings=["core.bigFileThreshold=1"] if first else [])
+
+
+def look_at_tree(manager: CheckpointManager) -> tuple[list[str], list[str]]:
+    """Ask git which files `add -A` would store (those in the index, "H", and new ones
+    that no exclude or .gitignore names, "?") and which of them changed ("?" and "C",
+    also a deleted one). Returns what to leave out (each nested repository: `add -A`
+    fails on one with no commit; each file over the size limit) and what changed.
+    Too many files: CheckpointError. Only new and changed files can have grown, so
+    only they are measured: 10,000 stat calls from Python cost 60 ms."""
+    listed = manager.git("ls-files", "-z", "-t", "--cached", "--others", "--modified",
+                         "--exclude-standard").split("\0")[:-1]
+    stored = {entry[2:] for entry in listed if entry[0] in "H?"}
+    files = [path for path in stored if not path.endswith("/")]
+    # A new repository is listed as a folder ("vendor/lib/"); one in a folder that an
+    # earlier checkpoint holds is found by its .git.
+    repositories = sorted({path for path in stored if path.endswith("/")}
+                          | nested_repositories(manager.project, files))
+    if repositories:
+        files = [path for path in files if not path.startswith(tuple(repositories))]
+    if len(files) > manager.max_files:
+        raise CheckpointError(f"{manager.project} has {len(files):,} files, more than "
+                              f"checkpoints.max_files ({manager.max_files:,})")
+    changed = {entry[2:] for entry in listed if entry[0] in "?C"}.intersection(files)
+    large = sorted(path for path in changed if too_large(manager, path))
+    return repositories + large, sorted(changed.difference(large))
+
+
+def nested_repositories(project: Path, files: list) -> set[str]:
+    """The folders of `files` (and the folders above them) that have a .git of their own."""
+    folders = {path.rpartition("/")[0] for path in files}   # 10,000 files: ~100 folders
+    for folder in list(folders):
+        while folder:
+            folder = folder.rpartition("/")[0]
+            folders.add(folder)
+    return {folder + "/" for folder in folders
+            if folder and os.path.lexists(os.path.join(project, folder, ".git"))}
+
+
+def too_large(manager: CheckpointManager, path: str) -> bool:
+    try:
+        return os.lstat(os.path.join(manager.project, path)).st_size > manager.max_file_bytes
+    except OSError:                         # deleted since: nothing to leave out
+        return False
+
+
+def excluded(left_out: list) -> list[str]:
+    """Pathspecs that keep git away from the left-out paths, whatever their names."""
+    return [":(exclude,literal)" + path for path in left_out]
+
+
+def prune(manager: CheckpointManager) -> None:
+    """Keep the newest checkpoints.max_snapshots checkpoints: delete the refs of the
+    older ones, then the objects nothing else uses (the old contents of files)."""
+    old = manager.list()[manager.max_snapshots:]
+    if old:
+        manager.git("update-ref", "--stdin",
+                    input="".join(f"delete {checkpoint.ref}\n" for checkpoint in old))
+        manager.git("prune", "--expire=now")
+
+
+def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
+    """Checkpoint n: its number in the list (1 = the newest) or its id (or the start
+    of it). Only the project's own checkpoints can be named, never any other commit."""
+    checkpoints = manager.list()
+    if isinstance(n, int) and not isinstance(n, bool):
+        if 1 <= n <= len(checkpoints):
+            return checkpoints[n - 1]
+        there = "there is" if len(checkpoints) == 1 else "there are"
+        raise CheckpointError(f"no checkpoint {n}: {there} {len(checkpoints)} "
+                              f"(/rollback lists them)")
+    wanted = checked_id(str(n))
+    found = [checkpoint for checkpoint in checkpoints if checkpoint.id.startswith(wanted)]
+    if len(found) != 1:
+        raise CheckpointError(f"{'no' if not found else 'more than one'} checkpoint with "
+                              f"the id {n}")
+    return found[0]
+
+
+def checked_path(manager: CheckpointManager, path: str) -> str:
+    """A path to restore alone, as a pathspec: relative, inside the project (also after
+    symbolic links are followed), and not the project itself."""
+    shown = repr(visible(path))
+    if not path.strip() or "\0" in path or os.path.isabs(path):
+        raise CheckpointError(f"{shown}: give a path relative to the project "
+                              f"({manager.project})")
+    relative = os.path.normpath(path)
+    real = Path(os.path.realpath(manager.project / relative))
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep) \
+            or manager.project not in real.parents:
+        raise CheckpointError(f"{shown} is not inside the project {manager.project}"
+                              + (" (all of it: /rollback N)" if real == manager.project else ""))
+    return Path(relative).as_posix()
+
+
+def ignored_files(manager: CheckpointManager) -> list[str]:
+    """The files (and whole folders, as "node_modules/") that are in the project and that
+    no checkpoint stores: what .gitignore and the excludes name. A checkpoint records
+    them, so that a rule removed later does not make its restore delete them."""
+    return manager.git("ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                       "--directory").split("\0")[:-1]
+
+
+def check_restorable(manager: CheckpointManager, checkpoint: Checkpoint, relative: str) -> None:
+    """A path to restore alone must be in the checkpoint or be stored now (to be removed
+    as created since). Checked before the rollback's own checkpoint: a typo changes
+    nothing. A path the checkpoint left out stays as it is: it is no path to restore."""
+    if any(relative == out.rstrip("/") or out.endswith("/") and relative.startswith(out)
+           for out in checkpoint.left_out):
+        raise CheckpointError(f"{visible(relative)!r} was left out of checkpoint "
+                              f"{checkpoint.short}: it stays as it is")
+    held = manager.git("ls-tree", "-z", "--name-only", checkpoint.id, "--",
+                       ":(literal)" + relative)
+    stored_now = manager.git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                             "--", ":(literal)" + relative).split("\0")[:-1]
+    if not held and not any(os.path.lexists(manager.project / name) for name in stored_now):
+        raise CheckpointError(f"{visible(relative)!r} is not in checkpoint {checkpoint.short}, "
+                              f"and not checkpointed now (missing, ignored or left out)")
+
+
+def checkpoint_store_problem(real: Path) -> str | None:
+    """write_file and patch never write into the checkpoints: a changed ref or
+    info/exclude would hide a checkpoint from /rollback or change what it restores.
+    (A terminal command that names the state folder is refused by s09's
+    self-protection.) Every profile's stores, and this run's, wherever they are."""
+    base = Path(os.path.realpath(base_home()))
+    homes = {base, Path(os.path.realpath(hermes_home()))}
+    if CHECKPOINTS is not None:
+        homes.add(CHECKPOINTS.home)
+    if base / PROFILES_DIR_NAME in real.parents:
+        homes.add(base / PROFILES_DIR_NAME / real.relative_to(base / PROFILES_DIR_NAME).parts[0])
+    for stores in (home / CHECKPOINTS_DIR_NAME for home in homes):
+        if real == stores or stores in real.parents:
+            return (f"is in the checkpoint stores {tilde(stores)}: only snapshots and "
+                    f"/rollback change them")
+    return None
+
+
+def remove_stale_lock(store: Path) -> None:
+    """A git that was killed (Ctrl-C, a timeout) may leave index.lock behind, and every
+    later git call would fail on it."""
+    (store / "index.lock").unlink(missing_ok=True)
+
+
+def warn_once(manager: CheckpointManager, line: str) -> None:
+    """Each kind of warning once per run: "12,031 files" and "12,032 files" are one."""
+    kind = re.sub(r"\d[\d,]*", "#", line)
+    if kind not in manager.warned:
+        manager.warned.add(kind)
+        err_console.print(Text(line, style="yellow"))
+
+#: section Checkpoint commands | plumbing
+
+MAX_DIFF_LINES = 200                    # /rollback diff shows this much of a diff
+CHECKPOINTS_OFF = ("checkpoints are off in this run (--no-checkpoints, checkpoints.enabled: "
+                   "false in config.yaml, or no git on PATH)")
+
+
+def use_checkpoints(manager: CheckpointManager | None) -> CheckpointManager | None:
+    """Make `manager` this run's (None: no checkpoints); returns the one before it."""
+    global CHECKPOINTS
+    previous, CHECKPOINTS = CHECKPOINTS, manager
+    return previous
+
+
+def checkpoints_from_config(config: Config) -> CheckpointManager | None:
+    """The project's manager with the chain's limits, or None when checkpoints
+    are off: by a setting, or (with one warning) because git is not installed.
+
+    The project, as in Hermes, is the nearest folder from the working folder up with a
+    .git, pyproject.toml, package.json or another of PROJECT_MARKERS: in a subfolder
+    of a repository, /rollback restores the whole repository. A folder in no project
+    gets no checkpoints, silently: /rollback says why."""
+    folder = current_directory()
+    if not config["checkpoints.enabled"] or folder is None:
+        return None
+    if shutil.which("git") is None:
+        err_console.print(Text("warning: checkpoints are off: git is not installed (or not "
+                               "on PATH), and /rollback has nothing to restore", style="yellow"))
+        return None
+    return CheckpointManager(project_root(folder), hermes_home(),
+                             config["checkpoints.max_snapshots"],
+                             config["checkpoints.max_files"],
+                             config["checkpoints.max_file_size_mb"])
+
+
+def off_flag(setting: Setting) -> str:
+    """--no-checkpoints for --checkpoints: the flag that switches a bool setting off."""
+    return "--no-" + setting.flag.removeprefix("--")
+
+
+def rollback_command(session: Session, argument: str) -> None:
+    """/rollback: list; /rollback diff N; /rollback N; /rollback N <path>. Nothing is
+    asked: a rollback takes a checkpoint first, so it can be undone (also in a pipe)."""
+    manager = CHECKPOINTS
+    if manager is None:
+        console.print(Text(CHECKPOINTS_OFF, style="yellow"))
+        return
+    first, _, rest = argument.partition(" ")
+    try:
+        if not first:
+            show_checkpoints(manager)
+        elif first == "diff":
+            show_checkpoint_diff(manager, checkpoint_number(rest.strip() or "1"))
+        else:
+            show_restored(manager.restore(checkpoint_number(first), rest.strip() or None))
+    except (CheckpointError, OSError) as exc:       # OSError: the store's folder, say
+        console.print(Text(f"error: {exc}", style="red"))
+
+
+COMMANDS["/rollback"] = rollback_command
+
+
+def checkpoint_number(text: str) -> int | str:
+    """1 to 999 are numbers in the list; anything else must be an id (checked_id())."""
+    return int(text) if text.isdecimal() and len(text) <= 3 else text
+
+
+def show_checkpoints(manager: CheckpointManager) -> None:
+    checkpoints = manager.list()
+    problem = never_checkpointed(manager.project, manager.home)
+    if problem and not checkpoints:
+        console.print(Text(f"no checkpoints: {problem}", style="yellow"))
+        return
+    if not checkpoints:
+        console.print(Text(f"no checkpoints of {manager.project} yet: the first change of "
+                           f"a turn takes one", style="dim"))
+        return
+    console.print(Text(f"checkpoints of {manager.project}, newest first (files and lines: "
+                       f"what changed since the one before):", style="bold"))
+    for c in checkpoints:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.files} file(s), "
+                           f"+{c.added} -{c.removed}  {c.reason}"))
+    console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
+                       "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
+
+
+def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
+    checkpoint = find_checkpoint(manager, n)
+    lines = manager.diff(n).splitlines()
+    console.print(Text(f"changes from checkpoint {checkpoint.index} ({checkpoint.short}, "
+                       f"{checkpoint.reason}) to now:", style="bold"))
+    if not lines:
+        console.print(Text("  none: the project is as it was then", style="dim"))
+    for line in lines[:MAX_DIFF_LINES]:
+        console.print(Text(visible(line.expandtabs()), style=diff_style(line)))
+    if len(lines) > MAX_DIFF_LINES:
+        console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
+
+
+def diff_style(line: str) -> str:
+    if line.startswith(("+++", "---", "diff ")):
+        return "bold"
+    return {"+": "green", "-": "red", "@": "cyan"}.get(line[:1], "")
+
+
+def show_restored(restored: Restored) -> None:
+    c = restored.checkpoint
+    what = repr(visible(restored.path)) if restored.path else "the project"
+    console.print(Text(f"restored {what} to checkpoint {c.short} ({c.reason})", style="green"))
+    console.print(Text(f"the state before this rollback is checkpoint 1 now "
+                       f"({restored.undo[:SHORT_ID_CHARS]}): /rollback 1 undoes it", style="dim"))
+
+
+def describe_checkpoints() -> str:
+    """The offline model's `checkpoints` verb: what it knows, and who rolls back."""
+    if CHECKPOINTS is None:
+        return f"No checkpoints: {CHECKPOINTS_OFF}."
+    try:
+        checkpoints = CHECKPOINTS.list()
+    except CheckpointError as exc:
+        return f"The checkpoints cannot be read: {exc}"
+    lines = [f"{len(checkpoints)} checkpoint(s) of {CHECKPOINTS.project}, newest first:"]
+    lines += [f"  {c.index}. {c.short} {c.reason}" for c in checkpoints[:5]]
+    return "\n".join(lines + ["Only you can roll back (I have no tool for it): /rollback "
+                              "lists them, /rollback N restores one, and /rollback 1 "
+                              "afterwards undoes that."])
+
+
+DEMO_FILES = {"pyproject.toml": "[project]\nname = \"demo\"\n",     # a project marker
+              "notes.txt": "Every change can be taken back.\nSo the agent may act.\n",
+              "app.py": "print('hello')\n", ".env": "TOKEN=left out of every checkpoint\n"}
+
+
+def demo_checkpoints(session: Session) -> None:
+    for name, text in DEMO_FILES.items():
+        Path(name).write_text(text, encoding="utf-8")
+    saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
+    try:
+        console.print(Text("\n1. The first change of a turn is preceded by a checkpoint of "
+                           "the project (the working folder: it has a pyproject.toml):",
+                           style="bold"))
+        demo_turn(session, DEMO_INPUTS[0])
+        console.print(Text("\n2. A destructive command (nothing in it needs approval) in "
+                           "the next turn: another checkpoint first.", style="bold"))
+        demo_turn(session, DEMO_INPUTS[1])
+        show_demo_folder()
+        for title, line in DEMO_ROLLBACKS:
+            console.print(Text(f"\n{title}", style="bold"))
+            console.print(Text(f"{STAGE}> {line}", style="bold"))
+            handle_command(session, line)
+            if line != "/rollback" and "diff" not in line:
+                show_demo_folder()
+        demo_turn(session, DEMO_INPUTS[2])
+    finally:
+        use_checkpoints(saved)
+
+
+DEMO_ROLLBACKS = [
+    ("3. /rollback lists the checkpoints, newest first:", "/rollback"),
+    ("4. What changed since checkpoint 1:", "/rollback diff 1"),
+    ("5. Back to checkpoint 1: exactly as it was (files created since are removed; .env, "
+     "left out of checkpoints, is untouched). Nothing is asked:", "/rollback 1"),
+    ("6. The rollback took a checkpoint first, so /rollback 1 again undoes it:",
+     "/rollback 1"),
+]
+
+
+def show_demo_folder() -> None:
+    notes = Path("notes.txt").read_text(encoding="utf-8").count("\n")
+    there = [name for name in ("app.py", "app.old", "scratch.txt") if Path(name).exists()]
+    console.print(Text(f"  the folder: notes.txt has {notes} line(s); present: "
+                       f"{', '.join(there)}; .env unchanged: "
+                       f"{Path('.env').read_text(encoding='utf-8') == DEMO_FILES['.env']}",
+                       style="dim"))
+
+#: changes
+
+STAGE = "s12"
+
+
+STAGE_TITLE = "checkpoints: a git snapshot before each turn's first change, and /rollback"
+
+
+def write_file(path: str, content: str) -> str:
+    """Create or overwrite a file (and its parent folders)."""
+    target = tool_path(path)
+    if refused := write_refusal(target):
+        return refused
+    if target.is_dir():
+        return error_result(f"is a directory: {path}")
+    checkpoint_before_change(f"before write_file {path}", target)      # s12
+    try:
+        written = write_text_atomically(target, content)
+    except (ValueError, OSError) as exc:    # ValueError: text that UTF-8 cannot encode
+        return error_result(f"nothing written to {path}: {exc}")
+    return json.dumps({"bytes_written": written, "path": str(target.resolve())},
+                      ensure_ascii=False)
+
+
+def patch(path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
+    """Replace exact text. Missing or ambiguous old text is an error, not a guess."""
+    target = tool_path(path)
+    if refused := write_refusal(target):
+        return refused
+    if not target.is_file():
+        return error_result(f"not a file: {path}")
+    if not old_string:
+        return error_result("old_string must not be empty")
+    with open(target, encoding="utf-8", newline="") as file:    # keep \r\n as it is
+        text = file.read()
+    count = text.count(old_string)
+    if count == 0:
+        return error_result(f"old_string not found in {path}")
+    if count > 1 and not replace_all:
+        return error_result(f"old_string appears {count} times in {path}; "
+                            f"add surrounding text to make it unique, or set replace_all")
+    checkpoint_before_change(f"before patch {path}", target)           # s12
+    try:
+        write_text_atomically(target, text.replace(old_string, new_string))
+    except (ValueError, OSError) as exc:    # the file is exactly as it was
+        return error_result(f"nothing written to {path}: {exc}")
+    return json.dumps({"success": True, "replacements": count, "path": str(target.resolve())},
+                      ensure_ascii=False)
+
+
+def terminal_tool(command: str, timeout: int | None = None) -> str:
+    """The terminal tool from this stage on: the gate, then s01's run_terminal(). s12:
+    a command that may change files gets the turn's checkpoint first."""
+    refusal = command_gate(command)
+    if refusal is not None:
+        return refusal
+    checkpoint_before_command(command)
+    return run_terminal(command, timeout)
+
+
+def write_refusal(target: Path) -> str | None:
+    """Why write_file or patch may not write `target`, as the tool's refusal; None if it
+    may. The resolved path counts: links are followed, also to a file not there yet."""
+    real = Path(os.path.realpath(target))
+    problem = protected_path_problem(real) or write_root_problem(real) \
+        or child_state_problem(real) or checkpoint_store_problem(real)   # s10, s12
+    if problem is None:
+        return None
+    return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
+
+
+def build_settings() -> tuple:
+    toolsets = tuple(REGISTRY.toolsets())
+    S = Setting
+    return (
+        S("model", "str", DEFAULT_MODEL, "the model's name", MODEL_ENV_VAR, "--model"),
+        S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
+          "model)", "OPENAI_BASE_URL", "--base-url"),
+        S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
+        S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
+          "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
+        S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
+          "--toolsets", choices=toolsets),
+        S("disabled_toolsets", "list", [], "never offer these toolsets",
+          "HERMES_DISABLED_TOOLSETS", "--disable-toolsets", choices=toolsets),
+        S("compression.context_length", "int", DEFAULT_CONTEXT_LENGTH, "the model's context "
+          "window in tokens", "HERMES_CONTEXT_LENGTH", "--context-length", low=1,
+          high=100_000_000),
+        S("compression.threshold", "float", COMPRESSION_THRESHOLD, "compress above this "
+          "share of the context window", "HERMES_COMPRESSION_THRESHOLD", low=0.1, high=0.95),
+        S("retries.max", "int", API_MAX_RETRIES, "retries of a failed model call",
+          "HERMES_MAX_RETRIES", "--max-retries", low=0, high=10),
+        S("fallback.model", "str", None, "tried once when the retries are used up",
+          "HERMES_FALLBACK_MODEL", "--fallback-model"),
+        S("fallback.base_url", "str", None, "endpoint of the fallback (none: the same)",
+          "HERMES_FALLBACK_BASE_URL", "--fallback-base-url"),
+        S("approvals.mode", "choice", "manual", "manual: ask; smart: a model reviews first; "
+          "off: never ask (hardline stays blocked)", "HERMES_APPROVAL_MODE", "--approval-mode",
+          choices=APPROVAL_MODES, security=True),
+        S("approvals.timeout", "int", APPROVAL_TIMEOUT, "an unanswered approval prompt "
+          "denies after this long", "HERMES_APPROVAL_TIMEOUT", "--approval-timeout", low=1,
+          high=3600, unit="seconds", security=True),
+        S("approvals.yolo", "bool", False, "run dangerous commands without asking (never "
+          "hardline ones)", "HERMES_YOLO_MODE", "--yolo", security=True),
+        S("approvals.deny", "list", [], "glob patterns of commands that are always refused, "
+          "also with YOLO", security=True),
+        S("command_allowlist", "list", [], "finding keys approved for good, added to "
+          "allowlist.json's", security=True),
+        S("write_root", "folder", None, "write_file and patch write only inside this folder",
+          "HERMES_WRITE_ROOT", "--write-root", security=True),
+        *(S(f"guardrails.{kind}", "pair", list(GUARDRAIL_THRESHOLDS[kind]), f"{kind} "
+            f"repeats: warn at, stop at", low=1, high=100) for kind in GUARDRAIL_THRESHOLDS),
+        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "characters MEMORY.md may hold",
+          low=100, high=100_000),
+        S("memory.user_chars", "int", USER_CHAR_LIMIT, "characters USER.md may hold",
+          low=100, high=100_000),
+        S("delegation.child_budget", "choice", "shared", "shared: sub-agents' calls come out "
+          "of the turn's budget; independent: their own", "HERMES_CHILD_BUDGET",
+          "--child-budget", choices=CHILD_BUDGET_MODES),
+        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands: "
+          "deny, or approve once", "HERMES_CHILD_APPROVALS", "--child-approvals",
+          choices=CHILD_APPROVALS, security=True),
+        S("delegation.max_child_iterations", "int", MAX_CHILD_ITERATIONS, "model calls one "
+          "sub-agent may make", low=1, high=100),
+        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "a working "
+          "sub-agent tells the parent it is alive this often", "HERMES_HEARTBEAT_INTERVAL",
+          "--heartbeat-interval", low=1, high=3600, unit="seconds"),
+        S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
+          "progress before the heartbeat stops", low=1, high=1000),
+        S("checkpoints.enabled", "bool", True, "a checkpoint of the project before the "
+          "first change of each turn (/rollback)", None, "--checkpoints"),
+        S("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
+          "the oldest are pruned", low=1, high=500),
+        S("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
+          "checkpointed", low=1, high=10_000_000),
+        S("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
+          "out of checkpoints", low=1, high=100_000, unit="MB"),
+    )
+
+
+def flag_entries(args) -> list[Entry]:
+    entries = []
+    for s in SETTINGS:
+        raw = getattr(args, s.key, None) if s.flag else None
+        if raw is not None:             # s12: --no-checkpoints is named as itself
+            flag = off_flag(s) if s.kind == "bool" and raw == "false" else s.flag
+            entries.append(Entry(s.key, raw, flag, flag))
+    return entries
+
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /memory        the memory files as they are on disk, and how full they are
+  /skills        the skills a new session's index lists, and any that are not usable
+  /permissions   the approval mode, YOLO, timeout, write root and what is approved
+  /yolo          YOLO on or off for this session only (never for hardline commands)
+  /delegation    how sub-agents run: budget, limits, approvals, heartbeat
+  /config        every setting, its value and where it came from (--show-config)
+  /rollback      the checkpoints of this project, newest first
+  /rollback diff N     what changed since checkpoint N
+  /rollback N [path]   the project (or one path) back to checkpoint N; /rollback 1
+                       afterwards undoes it
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool (a dangerous one
+                         only after your approval; a hardline one never)
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails this request (default once) before it
+                         answers; kinds: rate_limit, billing, auth, model_not_found,
+                         context_overflow, bad_request, server, connection
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
+  remember <fact>        save a note with the memory tool (MEMORY.md)
+  remember about me: <fact>   save it to the user profile (USER.md)
+  skills                 list the skills with skills_list
+  skill <name>           load a skill with skill_view
+  delegate <goal>        give the goal to a sub-agent with delegate_task (try
+                         delegate $ ls); delegate <goal> | <goal> runs up to 3 at once
+  config                 the model says which settings this run has and who set them
+  checkpoints            the model says which checkpoints there are (only you roll back)"""
+
+
+def run_turn(session: Session, user_text: str) -> bool:
+    """One user turn. Returns False if the model call failed. The turn's budget is
+    made here, so that sub-agents started during the turn can pay from it (s10)."""
+    session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
+    if CHECKPOINTS is not None:         # s12: the first change of this turn gets a checkpoint
+        CHECKPOINTS.new_turn()
+    budget = IterationBudget(session.max_iterations)
+    delegation = DELEGATION.set(Delegator(session, budget, 0, show_child_event))
+    try:
+        answer = run_conversation(session.client, session.model, session.messages,
+                                  session.max_iterations, show_event, session.tools,
+                                  session.context_length, session.recovery, budget)
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
+        line = explain_api_failure(exc, session.base_url, session.model)
+        err_console.print(Text("error: " + line, style="red"))
+        return False
+    finally:
+        DELEGATION.reset(delegation)
+    console.print(Text(answer))
+    return True
+
+
+DEMO_INPUTS = ["write todo.txt buy milk",
+               "$ truncate -s 0 notes.txt && mv app.py app.old && echo oops > scratch.txt",
+               "checkpoints"]
+
+
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
+    saved_folder = current_directory()
+    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder:
+        try:
+            enter_demo_folder(Path(folder))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
+            demo_checkpoints(session)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if saved_folder is not None:
+                os.chdir(saved_folder)
+    return 0
+
+
+def add_setting_flag(parser, setting: Setting) -> None:
+    """A flag of SETTINGS. Its text is checked by the chain, like a value from any layer."""
+    default = shown_value(setting, setting.default)
+    help_text = f"{setting.help} ({setting.key}; default {default})".replace("%", "%%")
+    if setting.kind == "bool":
+        parser.add_argument(setting.flag, dest=setting.key, action="store_const",
+                            const="true", help=help_text)
+        if setting.default is True:     # s12: what is on by default can be switched off
+            parser.add_argument(off_flag(setting), dest=setting.key, action="store_const",
+                                const="false", help=f"switch {setting.key} off")
+    else:
+        metavar = "{" + ",".join(setting.choices) + "}" if setting.kind == "choice" else \
+            setting.unit.upper() or setting.kind.upper()
+        parser.add_argument(setting.flag, dest=setting.key, metavar=metavar, help=help_text)
+
+
+def main(argv=None) -> int:
+    exit_on_signals()
+    CtrlC.install()
+    args = parse_args(argv)
+    config = checked_config(args)
+    if config is None:
+        return 2
+    if args.show_config:
+        show_config(config)
+        return 0
+    saved_home = os.environ.get("LEARN_HERMES_HOME")
+    start_with(config)
+    session = open_session(args, config)
+    session.recovery = retry_policy_from_config(config, session)
+    session.delegation = delegation_settings_from_config(config)
+    use_checkpoints(checkpoints_from_config(config))       # s12
+    approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
+                                                     read_terminal_answer))
+    try:
+        if args.demo:
+            return run_demo(session)
+        wanted = args.resume or ("latest" if args.continue_session else None)
+        if wanted and not resume_session(session, wanted):
+            return 1
+        if args.prompt is not None:
+            return run_prompt(session, args.prompt)
+        return repl(session)
+    finally:
+        APPROVAL_CONTEXT.reset(approvals)
+        use_checkpoints(None)
+        close_session(session)
+        restore_home(saved_home)
+
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
+# real openai client builds requests and parses responses exactly as it would
+# against a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
+                "'$ <command>' runs a command (a dangerous one only after your approval), "
+                "'read <path>' and 'write <path> <text>' use "
+                "the file tools, 'call <tool> <json>' sends a raw tool call, "
+                "'search <words>' searches earlier sessions, 'prompt' describes my "
+                "system prompt, 'context' describes the conversation I received, "
+                "'fail <kind> [times]' makes my endpoint fail, "
+                "'retry <input>' repeats a tool call like a model stuck in a loop, "
+                "'remember <fact>' saves a note with the memory tool "
+                "('remember about me: <fact>' for the user profile), "
+                "'skills' lists the skills and 'skill <name>' loads one, "
+                "'delegate <goal>' (or '<goal> | <goal>') hands work to sub-agents, "
+                "'config' describes the settings of this run, "
+                "'checkpoints' lists the checkpoints of this project. "
+                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+                "other providers) and start me again.")
+
+
+def offline_reply(messages: list, counter: list) -> dict:
+    """The next assistant message, as plain data."""
+    last = messages[-1] if messages else {}
+    if messages and messages[0].get("content") == SUMMARY_INSTRUCTIONS:    # the summariser
+        return {"content": offline_compression_summary(str(last.get("content")))}
+    if messages and messages[0].get("content") == SMART_REVIEW_PROMPT:     # the reviewer
+        return {"content": offline_review(str(last.get("content")))}
+    if last.get("role") == "tool":
+        return stubborn_retry(messages) or stubborn_rerun(messages, counter) \
+            or {"content": offline_summary(messages)}
+    text = str(last.get("content") or "").strip()
+    if text == "prompt":
+        return {"content": describe_system_prompt(messages)}
+    if text == "context":
+        return {"content": describe_context(messages)}
+    if text == "config":
+        return {"content": describe_config()}
+    if text == "checkpoints":
+        return {"content": describe_checkpoints()}
+    if text.startswith(("fail ", "retry ")):
+        return recovery_reply(text, counter)
+    plan = offline_plan(text)
+    if plan is None:
+        return {"content": OFFLINE_HELP}
+    counter[0] += 1
+    name, args = plan
+    raw = isinstance(args, str)
+    call_id = f"call_{'raw' if raw else 'offline'}_{counter[0]}"
+    arguments = args if raw else json.dumps(args)
+    return {"content": "", "tool_calls": [{"id": call_id, "type": "function",
+                                           "function": {"name": name, "arguments": arguments}}]}
