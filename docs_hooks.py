@@ -76,14 +76,13 @@ def code_fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
-def diff_page(lang: str, old: Path, new: Path, changes: str | None = None) -> str:
+def diff_page(lang: str, old: Path, new: Path, diff: str, changes: str | None = None) -> str:
     title, sentence, heading = DIFF_PAGE_TEXT[lang]
     stage, previous = new.name[:3], old.name[:3]
     chapter = "../" + new.stem.replace("_", "-") + ".md"
     title = title.format(stage=stage, previous=previous)
     sentence = sentence.format(new_file=f"agents/{new.name}", old_file=f"agents/{old.name}",
                                chapter=chapter, stage=stage)
-    diff = stage_diff(old, new)
     fence = code_fence(diff)
     # Front matter: keep the diffs out of search, or every query would hit lines of code.
     page = (f"---\nsearch:\n  exclude: true\n---\n\n# {title}\n\n{sentence}\n\n"
@@ -107,15 +106,17 @@ def write_diff_pages(docs_dir: Path, agents_dir: Path,
     if missing:
         raise PluginError(f"docs_hooks.py: no diff page text for the language(s) {missing}")
     stages = stage_files(agents_dir)
+    pairs = list(zip(stages, stages[1:]))
+    diffs = {new: stage_diff(old, new) for old, new in pairs}    # once, for every language
     changed = []
     for lang in language_folders(docs_dir):
         folder = docs_dir / lang / "diff"
         folder.mkdir(exist_ok=True)
         wanted = set()
-        for old, new in zip(stages, stages[1:]):
+        for old, new in pairs:
             page = folder / f"{new.name[:3]}.md"
             wanted.add(page)
-            text = diff_page(lang, old, new, (changes or {}).get(new.name[:3]))
+            text = diff_page(lang, old, new, diffs[new], (changes or {}).get(new.name[:3]))
             if not page.is_file() or page.read_text(encoding="utf-8") != text:
                 page.write_text(text, encoding="utf-8")
                 changed.append(page)

@@ -1,21 +1,26 @@
-"""Write the twelve stage files from the one source in course/.
+"""Write the stage files of both editions from the one source in course/.
 
-    python course/build.py                  write agents/sNN_*.py from course/sNN_*.py
+    python course/build.py                  write agents/sNN_*.py (the teaching edition) and
+                                            agents/hardened/sNN_*.py from course/sNN_*.py
     python course/build.py --check          exit 1 if a committed stage file is not what
                                             course/ produces (names the file and line)
     python course/build.py --changes s09    what stage s09 adds, changes and removes
+                                            (--edition hardened: in the hardened edition)
 
 The source. Each course/sNN_<name>.py holds exactly what stage NN adds, changes and
 removes, in areas that start with a directive line:
 
-    #: docstring                 the stage's module docstring; a line holding only
+    #: docstring                 the stage's module docstring ("#: docstring | hardened":
+                                 one edition's own); a line holding only
                                  {changed elsewhere} becomes the list of definitions this
                                  stage changes in earlier stages' sections
     #: imports                   what this part's code imports (each stage file gets the
                                  imports its code uses, in the usual groups)
     #: section Title             a section of this stage: a banner "# ── [sNN] Title ──",
                                  then its definitions. Options after "|": plumbing (placed
-                                 after every lesson section), untagged (no [sNN] in the banner)
+                                 after every lesson section), untagged (no [sNN] in the
+                                 banner), hardened (its definitions are the hardened
+                                 edition's only)
     #: more for Title            more definitions for an earlier stage's untagged section
                                  (the offline model)
     #: changes                   this stage's variants of earlier definitions: each one
@@ -27,6 +32,10 @@ removes, in areas that start with a directive line:
 A definition is one top-level statement with the comments right above it, named as
 Python names it: a function or class by its name, an assignment by its target, any other
 statement by its own text in angle brackets, e.g. <REGISTRY.register(MEMORY_ENTRY)>.
+A line "#: teaching" or "#: hardened" right above a definition's comments gives it to
+one edition; the same name may then follow with the other edition's text. Everything
+else is shared: the teaching edition (agents/) is the simple, never wrong core that
+learners read; the hardened edition (agents/hardened/) adds every guard and detail.
 
 The order of a generated stage file: the docstring and imports; this stage's own
 sections (its lesson); the earlier stages' lesson sections, newest first; the plumbing
@@ -52,7 +61,14 @@ from pathlib import Path
 
 COURSE = Path(__file__).resolve().parent
 ROOT = COURSE.parent
+EDITIONS = ("teaching", "hardened")
+BOTH = frozenset(EDITIONS)
+FOLDERS = {"teaching": "agents", "hardened": "agents/hardened"}
 GENERATED_LINE = "# Generated from course/ by course/build.py: edit there, then rebuild."
+GENERATED_LINES = {"teaching": GENERATED_LINE,
+                   "hardened": "# Generated from course/ by course/build.py (the hardened "
+                               "edition): edit there, then rebuild."}
+EDITION_MARKER = re.compile(r"^#: (teaching|hardened)$")
 CHANGED_ELSEWHERE = "{changed elsewhere}"
 PART_FILE = re.compile(r"^s(\d\d)_([a-z0-9_]+)\.py$")
 DIRECTIVE = re.compile(r"^#: ?(\S+)(.*)$")
@@ -74,6 +90,7 @@ class Variant:
     stage: int                  # the stage that wrote this text
     text: str                   # the comments right above the statement, and the statement
     where: str                  # course/sNN_<name>.py:line, for messages
+    editions: frozenset = BOTH  # the editions that carry it
 
 
 @dataclasses.dataclass
@@ -84,11 +101,11 @@ class Definition:
     variants: list[Variant]
     removed_in: int | None = None
 
-    def text_at(self, stage: int) -> str | None:
-        """The text stage `stage` carries, or None if it does not carry the definition."""
+    def text_at(self, stage: int, edition: str = "teaching") -> str | None:
+        """The text stage `stage` of `edition` carries, or None if it does not carry it."""
         if self.removed_in is not None and stage >= self.removed_in:
             return None
-        texts = [v.text for v in self.variants if v.stage <= stage]
+        texts = [v.text for v in self.variants if v.stage <= stage and edition in v.editions]
         return texts[-1] if texts else None
 
 
@@ -98,6 +115,7 @@ class Section:
     title: str
     plumbing: bool = False
     tagged: bool = True
+    editions: frozenset = BOTH  # its definitions' editions, unless they say otherwise
     definitions: list[Definition] = dataclasses.field(default_factory=list)
 
     def banner(self) -> str:
@@ -110,7 +128,7 @@ class Part:
     stage: int
     name: str                   # e.g. "s09_permission_system"
     path: Path
-    docstring: str = ""
+    docstrings: dict[str, str] = dataclasses.field(default_factory=dict)
     imports: list[ast.stmt] = dataclasses.field(default_factory=list)
     sections: list[Section] = dataclasses.field(default_factory=list)
     wiring: list[Definition] = dataclasses.field(default_factory=list)
@@ -154,7 +172,7 @@ def read_part(course: Course, part: Part) -> None:
     areas = []                                      # (directive, argument, first line, lines)
     for number, line in enumerate(lines, start=1):
         match = DIRECTIVE.match(line)
-        if match:
+        if match and not EDITION_MARKER.match(line):    # a marker belongs to the area
             areas.append((match.group(1), match.group(2).strip(), number, []))
         elif areas:
             areas[-1][3].append(line)
@@ -163,10 +181,11 @@ def read_part(course: Course, part: Part) -> None:
     seen: set[str] = set()
     for kind, argument, number, body in areas:
         at = where(part, number)
-        if kind in ("docstring", "imports", "changes", "wiring") and argument:
+        if kind in ("imports", "changes", "wiring") and argument:
             raise BuildError(f"{at}: '#: {kind}' takes no argument")
         if kind == "docstring":
-            part.docstring = "\n".join(body).strip("\n")
+            for edition in editions_named(argument.removeprefix("|"), at, BOTH):
+                part.docstrings[edition] = "\n".join(body).strip("\n")
         elif kind == "imports":
             part.imports.extend(import_statements(part, body, number))
         elif kind == "section":
@@ -185,8 +204,19 @@ def read_part(course: Course, part: Part) -> None:
             raise BuildError(f"{at}: unknown directive '#: {kind}' (known: docstring, "
                              f"imports, section, more for, changes, removes, wiring)")
         seen.add(kind)
-    if "docstring" not in seen:
-        raise BuildError(f"{relative(part.path)}: no '#: docstring' area")
+    if set(part.docstrings) != BOTH:
+        raise BuildError(f"{relative(part.path)}: no '#: docstring' area"
+                         + (" for the " + " and ".join(sorted(BOTH - set(part.docstrings)))
+                            + " edition" if part.docstrings else ""))
+
+
+def editions_named(words: str, at: str, default: frozenset) -> frozenset:
+    """The editions a directive's options name ("teaching", "hardened"), or `default`."""
+    named = frozenset(word.strip() for word in words.split(",") if word.strip())
+    if named - BOTH:
+        raise BuildError(f"{at}: unknown edition(s) {', '.join(sorted(named - BOTH))} "
+                         f"(the editions are teaching and hardened)")
+    return named or default
 
 
 def import_statements(part: Part, body: list[str], first_line: int) -> list[ast.stmt]:
@@ -205,11 +235,12 @@ def import_statements(part: Part, body: list[str], first_line: int) -> list[ast.
 def new_section(part: Part, argument: str, at: str) -> Section:
     title, _, options = argument.partition("|")
     words = {word.strip() for word in options.split(",") if word.strip()}
-    unknown = words - {"plumbing", "untagged"}
+    unknown = words - {"plumbing", "untagged"} - BOTH
     if not title.strip() or unknown:
-        raise BuildError(f"{at}: expected '#: section Title | plumbing, untagged' "
+        raise BuildError(f"{at}: expected '#: section Title | plumbing, untagged, hardened' "
                          f"(unknown: {', '.join(sorted(unknown)) or 'no title'})")
-    section = Section(part.stage, title.strip(), "plumbing" in words, "untagged" not in words)
+    section = Section(part.stage, title.strip(), "plumbing" in words, "untagged" not in words,
+                      editions_named(",".join(words & BOTH), at, BOTH))
     part.sections.append(section)
     return section
 
@@ -232,8 +263,10 @@ def shared_section(course: Course, part: Part, argument: str, at: str) -> Sectio
     raise BuildError(f"{at}: no earlier stage has a section '{title}'")
 
 
-def statements(part: Part, body: list[str], first_line: int):
-    """(name, blank lines above, text, line) for each top-level statement of an area."""
+def statements(part: Part, body: list[str], first_line: int, default: frozenset = BOTH):
+    """(name, blank lines above, text, line, editions) for each top-level statement of an
+    area. A line "#: teaching" or "#: hardened" above a statement's comments gives it to
+    that edition only."""
     source = "\n".join(body) + "\n"
     try:
         tree = ast.parse(source)
@@ -248,9 +281,16 @@ def statements(part: Part, body: list[str], first_line: int):
         while blank < len(above) and not above[blank].strip():
             blank += 1
         comments = above[blank:]                    # may hold a paragraph of its own
+        editions = default
+        if comments and EDITION_MARKER.match(comments[0]):
+            editions = frozenset([EDITION_MARKER.match(comments[0]).group(1)])
+            comments = comments[1:]
+        if any(EDITION_MARKER.match(line) for line in comments):
+            raise BuildError(f"{where(part, first_line + start)}: an edition marker goes "
+                             f"right above the statement's comments, once")
         text = "\n".join(comments + body[start - 1:node.end_lineno])
         previous_end = node.end_lineno
-        yield statement_name(node), min(blank, 2), text, first_line + start
+        yield statement_name(node), min(blank, 2), text, first_line + start, editions
     trailing = [line for line in body[previous_end:] if line.strip()]
     if trailing:
         raise BuildError(f"{where(part, first_line + previous_end + 1)}: a comment after "
@@ -273,16 +313,22 @@ def statement_name(node: ast.stmt) -> str:
 
 def add_definitions(course: Course, part: Part, section: Section | None, body: list[str],
                     first_line: int) -> None:
-    for name, blank, text, line in statements(part, body, first_line):
+    default = section.editions if section is not None else BOTH
+    for name, blank, text, line, editions in statements(part, body, first_line, default):
         at = where(part, line)
         if name == "<import>":
             raise BuildError(f"{at}: imports go in the '#: imports' area")
-        if name in course.definitions:
-            defined = course.definitions[name]
-            raise BuildError(f"{at}: duplicate: {name} is already defined "
-                             f"({defined.variants[0].where}); to change it in this stage, "
-                             f"put the new text under '#: changes'")
-        definition = Definition(name, section, blank, [Variant(part.stage, text, at)])
+        variant = Variant(part.stage, text, at, editions)
+        defined = course.definitions.get(name)
+        if defined is not None:
+            same_place = defined.section is section and defined.variants[0].stage == part.stage
+            if not same_place:
+                raise BuildError(f"{at}: duplicate: {name} is already defined "
+                                 f"({defined.variants[0].where}); to change it in this "
+                                 f"stage, put the new text under '#: changes'")
+            add_edition_variant(defined, variant)     # the other edition's text, side by side
+            continue
+        definition = Definition(name, section, blank, [variant])
         course.definitions[name] = definition
         if section is None:
             part.wiring.append(definition)
@@ -291,7 +337,7 @@ def add_definitions(course: Course, part: Part, section: Section | None, body: l
 
 
 def add_variants(course: Course, part: Part, body: list[str], first_line: int) -> None:
-    for name, _, text, line in statements(part, body, first_line):
+    for name, _, text, line, editions in statements(part, body, first_line):
         at = where(part, line)
         definition = course.definitions.get(name)
         if definition is None or definition.variants[0].stage >= part.stage:
@@ -299,14 +345,25 @@ def add_variants(course: Course, part: Part, body: list[str], first_line: int) -
                              f"(to add it, put it in a '#: section')")
         if definition.removed_in is not None:
             raise BuildError(f"{at}: {name} was removed in s{definition.removed_in:02d}")
-        latest = definition.variants[-1]
-        if latest.stage == part.stage:
-            raise BuildError(f"{at}: duplicate: a second variant of {name} in this stage "
-                             f"(the first is at {latest.where})")
-        if latest.text == text:
-            raise BuildError(f"{at}: this variant of {name} is the same text as "
-                             f"s{latest.stage:02d}'s ({latest.where}): drop it")
-        definition.variants.append(Variant(part.stage, text, at))
+        add_edition_variant(definition, Variant(part.stage, text, at, editions))
+
+
+def add_edition_variant(definition: Definition, variant: Variant) -> None:
+    """Add a later stage's variant, or the other edition's text in the same stage."""
+    for other in definition.variants:
+        if other.stage == variant.stage and other.editions & variant.editions:
+            raise BuildError(f"{variant.where}: duplicate: a second variant of "
+                             f"{definition.name} in this stage (the first is at "
+                             f"{other.where})")
+    earlier = {edition: definition.text_at(variant.stage - 1, edition)
+               for edition in variant.editions}
+    if variant.stage > definition.variants[0].stage and \
+            all(text == variant.text for text in earlier.values()):
+        latest = [v for v in definition.variants if v.stage < variant.stage][-1]
+        raise BuildError(f"{variant.where}: this variant of {definition.name} is the same "
+                         f"text as s{latest.stage:02d}'s ({latest.where}): drop it")
+    definition.variants.append(variant)
+    definition.variants.sort(key=lambda v: v.stage)
 
 
 def remove(course: Course, part: Part, argument: str, at: str) -> None:
@@ -332,18 +389,27 @@ def relative(path: Path) -> str:
 # ── What a stage adds, changes and removes ────────────────────────────────
 
 
-def lineage(course: Course, stage: int) -> dict[str, list[Definition]]:
-    """The definitions stage `stage` adds, changes and removes, in source order."""
+def lineage(course: Course, stage: int, edition: str = "teaching"
+            ) -> dict[str, list[Definition]]:
+    """The definitions stage `stage` of `edition` adds, changes and removes, compared
+    with the stage before it, in source order."""
     found: dict[str, list[Definition]] = {"added": [], "changed": [], "removed": []}
     for definition in course.definitions.values():
-        stages = [variant.stage for variant in definition.variants]
-        if stages[0] == stage:
+        before = definition.text_at(stage - 1, edition) if stage > 1 else None
+        after = definition.text_at(stage, edition)
+        if before is None and after is not None:
             found["added"].append(definition)
-        elif stage in stages[1:]:
-            found["changed"].append(definition)
-        if definition.removed_in == stage:
+        elif before is not None and after is None:
             found["removed"].append(definition)
+        elif before is not None and before != after:
+            found["changed"].append(definition)
     return found
+
+
+def introduced_in(definition: Definition, edition: str) -> int | None:
+    """The first stage of `edition` that carries the definition."""
+    stages = [v.stage for v in definition.variants if edition in v.editions]
+    return stages[0] if stages else None
 
 
 def place(definition: Definition) -> str:
@@ -360,12 +426,12 @@ def shown(definition: Definition) -> str:
     return definition.name + ("()" if is_function else "")
 
 
-def changed_elsewhere(course: Course, stage: int) -> str:
+def changed_elsewhere(course: Course, stage: int, edition: str = "teaching") -> str:
     """The reading guide's list of what this stage changes where earlier stages' lesson
     code stands, e.g. "run_conversation() in [s01]; IterationBudget in [s06]"."""
     groups: dict[str, list[str]] = {}
     plumbing = 0
-    for definition in lineage(course, stage)["changed"]:
+    for definition in lineage(course, stage, edition)["changed"]:
         if definition.name in ("STAGE", "STAGE_TITLE"):
             continue                                # every stage names itself
         if place(definition).startswith("["):
@@ -375,17 +441,19 @@ def changed_elsewhere(course: Course, stage: int) -> str:
     parts = [f"{', '.join(names)} in {where_}" for where_, names in sorted(groups.items())]
     text = "Changed in earlier stages' sections: " + ("; ".join(parts) if parts else "none")
     if plumbing:
+        flag = "" if edition == "teaching" else f" --edition {edition}"
         text += (f"; and {plumbing} definitions of the plumbing (python course/build.py "
-                 f"--changes s{stage:02d} lists them all)")
+                 f"--changes s{stage:02d}{flag} lists them all)")
     return text + "."
 
 
-def describe_changes(course: Course, label: str) -> str:
+def describe_changes(course: Course, label: str, edition: str = "teaching") -> str:
     """The text of `--changes sNN`, also shown on the site's diff page."""
     part = course.part(label)
-    found = lineage(course, part.stage)
+    found = lineage(course, part.stage, edition)
     lines = [f"{part.name}: what stage {part.name[:3]} adds, changes and removes "
-             f"(course/{part.name}.py)"]
+             f"(course/{part.name}.py" + (")" if edition == "teaching" else
+                                            f", the {edition} edition)")]
     for kind in ("added", "changed", "removed"):
         groups: dict[str, list[str]] = {}
         for definition in found[kind]:
@@ -400,8 +468,6 @@ def describe_changes(course: Course, label: str) -> str:
             wrapped = textwrap.wrap(", ".join(names), 88 - 4)
             lines.append(f"  {key}:")
             lines.extend(f"    {line}" for line in wrapped)
-    if len(lines) == 1:
-        lines.append("nothing: the first stage introduces everything")
     return "\n".join(lines) + "\n"
 
 
@@ -427,37 +493,38 @@ class Writer:
         self.lines.extend(text.split("\n"))
 
 
-def render(course: Course, stage: int) -> Rendered:
-    """Stage `stage`'s file: docstring, imports, then its own lesson sections, the
-    earlier stages' lesson sections newest first, the plumbing, the wiring, main."""
+def render(course: Course, stage: int, edition: str = "teaching") -> Rendered:
+    """Stage `stage`'s file of `edition`: docstring, imports, then its own lesson sections,
+    the earlier stages' lesson sections newest first, the plumbing, the wiring, main."""
     lesson = [s for p in reversed(course.parts[:stage]) for s in p.sections if not s.plumbing]
     plumbing = [s for p in course.parts[:stage] for s in p.sections if s.plumbing]
     plumbing.sort(key=lambda s: not s.tagged)       # untagged ones (the offline model) last
     code = Writer()
     for section in lesson + plumbing:
-        carried = [(d, d.text_at(stage)) for d in section.definitions]
+        carried = [(d, d.text_at(stage, edition)) for d in section.definitions]
         carried = [(d, text) for d, text in carried if text is not None]
         if carried:
             code.lines.extend([section.banner()] if not code.lines else ["", section.banner()])
             for definition, text in carried:
                 code.statement(text, definition.blank_lines)
-    add_wiring(course, stage, code)
+    add_wiring(course, stage, edition, code)
     main = course.definitions.get(MAIN)
-    if main is not None and main.text_at(stage) is not None:
+    if main is not None and main.text_at(stage, edition) is not None:
         code.lines.append("")
-        code.statement(main.text_at(stage), 1)
+        code.statement(main.text_at(stage, edition), 1)
     used = set().union(*(facts(text).names for _, text in code.statements))
-    head = [GENERATED_LINE, docstring_text(course, course.parts[stage - 1]), "",
+    head = [GENERATED_LINES[edition], docstring_text(course, course.parts[stage - 1], edition),
+            "",
             "from __future__ import annotations", "", import_block(course, stage, used), ""]
     head_lines = "\n".join(head).count("\n")
     statements = [(line + head_lines, text) for line, text in code.statements]
     return Rendered("\n".join(head) + "\n".join(code.lines) + "\n", statements)
 
 
-def add_wiring(course: Course, stage: int, code: Writer) -> None:
+def add_wiring(course: Course, stage: int, edition: str, code: Writer) -> None:
     banner = f"# ── {WIRING_TITLE} ".ljust(BANNER_WIDTH, "─")
     for part in course.parts[:stage]:
-        texts = [d.text_at(stage) for d in part.wiring if d.name != MAIN]
+        texts = [d.text_at(stage, edition) for d in part.wiring if d.name != MAIN]
         texts = [text for text in texts if text is not None]
         if texts:
             if banner:
@@ -468,19 +535,19 @@ def add_wiring(course: Course, stage: int, code: Writer) -> None:
                 code.statement(text)
 
 
-def docstring_text(course: Course, part: Part) -> str:
-    text = part.docstring
+def docstring_text(course: Course, part: Part, edition: str) -> str:
+    text = part.docstrings[edition]
     if CHANGED_ELSEWHERE in text:
         line = next(line for line in text.splitlines() if CHANGED_ELSEWHERE in line)
         indent = line[:len(line) - len(line.lstrip())]
         replacement = "" if part.stage == 1 else textwrap.fill(
-            changed_elsewhere(course, part.stage), 92, initial_indent=indent,
+            changed_elsewhere(course, part.stage, edition), 92, initial_indent=indent,
             subsequent_indent=indent)
         text = text.replace(line + "\n", replacement + "\n" if replacement else "")
     count = len(text.splitlines())
     if count > MAX_DOCSTRING_LINES:
-        raise BuildError(f"{relative(part.path)}: the docstring of {part.name} is {count} "
-                         f"lines; at most {MAX_DOCSTRING_LINES}")
+        raise BuildError(f"{relative(part.path)}: the {edition} docstring of {part.name} is "
+                         f"{count} lines; at most {MAX_DOCSTRING_LINES}")
     return text
 
 
@@ -690,15 +757,17 @@ def free_names(text: str):
 
 
 def build(course_dir: Path = COURSE) -> dict[str, str]:
-    """{"agents/s01_loop.py": text, …}: every stage file, checked."""
+    """{"agents/s01_loop.py": text, "agents/hardened/s01_loop.py": text, …}: every stage
+    file of both editions, checked."""
     course = read_course(course_dir)
     files, problems = {}, []
-    for part in course.parts:
-        path = f"agents/{part.name}.py"
-        rendered = render(course, part.stage)
-        imported = {bound_name(alias) for _, alias in imports(course, part.stage)}
-        problems += order_problems(rendered, path, imported)
-        files[path] = rendered.text
+    for edition in EDITIONS:
+        for part in course.parts:
+            path = f"{FOLDERS[edition]}/{part.name}.py"
+            rendered = render(course, part.stage, edition)
+            imported = {bound_name(alias) for _, alias in imports(course, part.stage)}
+            problems += order_problems(rendered, path, imported)
+            files[path] = rendered.text
     if problems:
         raise BuildError("\n".join(problems))
     return files
@@ -720,8 +789,8 @@ def write(files: dict[str, str], root: Path = ROOT) -> list[str]:
 
 
 def stale_stage_files(files: dict[str, str], root: Path) -> set[str]:
-    present = {f"agents/{p.name}" for p in (root / "agents").glob("s*.py")
-               if PART_FILE.match(p.name)}
+    present = {f"{folder}/{p.name}" for folder in FOLDERS.values()
+               for p in (root / folder).glob("s*.py") if PART_FILE.match(p.name)}
     return present - set(files)
 
 
@@ -759,10 +828,12 @@ def main(argv: list[str] | None = None) -> int:
                              "produces")
     parser.add_argument("--changes", metavar="STAGE",
                         help="print what STAGE (e.g. s09) adds, changes and removes")
+    parser.add_argument("--edition", choices=EDITIONS, default="teaching",
+                        help="the edition --changes describes (default: teaching)")
     args = parser.parse_args(argv)
     try:
         if args.changes:
-            print(describe_changes(read_course(), args.changes), end="")
+            print(describe_changes(read_course(), args.changes, args.edition), end="")
             return 0
         files = build()
     except BuildError as error:
@@ -773,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         if not problems:
-            print(f"{len(files)} stage files are what course/ produces")
+            print(f"{len(files)} stage files (both editions) are what course/ produces")
         return 1 if problems else 0
     written = write(files)
     for path in written:

@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import re
 import signal
 import ssl
 import tempfile
@@ -9,6 +10,8 @@ import tempfile
 import pytest
 
 from helpers import retried_when_the_kernel_does_not_start, stop_offline_servers
+
+TEACHING_STAGE = re.compile(r"^s\d\d_[a-z0-9_]+$")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -25,6 +28,8 @@ def pytest_cmdline_main(config):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "hardening: tests a guard or detail of the hardened "
+                                       "edition only; its teaching-edition cases are left out")
     # Notebook kernels inherit this process's environment when they start, so
     # clear it here (not in a fixture) to keep them offline too.
     for name in [n for n in os.environ if n.startswith("OPENAI_")]:
@@ -34,12 +39,26 @@ def pytest_configure(config):
     use_one_certificate()
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     # A notebook whose kernel died before its first cell (a TCP port taken by another
     # test process in between, see helpers.py) is run again with a new kernel.
     for item in items:
         if getattr(item, "nbmake", False):
             item.runtest = retried_when_the_kernel_does_not_start(item.runtest)
+    # A test of hardening runs on the hardened edition only: its teaching-edition cases
+    # (a parameter naming a teaching stage) are left out.
+    teaching_cases = [item for item in items if hasattr(item, "get_closest_marker")
+                      and item.get_closest_marker("hardening") and teaching_stage_parameter(item)]
+    if teaching_cases:
+        config.hook.pytest_deselected(items=teaching_cases)
+        left_out = {id(item) for item in teaching_cases}
+        items[:] = [item for item in items if id(item) not in left_out]
+
+
+def teaching_stage_parameter(item) -> bool:
+    parameters = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(value, str) and TEACHING_STAGE.match(value)
+               for value in parameters.values())
 
 
 def use_one_certificate() -> None:

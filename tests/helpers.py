@@ -38,28 +38,58 @@ def course_build():
 
 
 @functools.lru_cache(maxsize=None)
-def course_lineage() -> dict[str, dict[str, list[str]]]:
-    """What each stage adds, changes and removes, as course/ says: {"s03_session_store":
-    {"added": [names], "changed": [...], "removed": [...]}, ...}."""
+def course_lineage(edition: str = "teaching") -> dict[str, dict[str, list[str]]]:
+    """What each stage of `edition` adds, changes and removes, as course/ says:
+    {"s03_session_store": {"added": [names], "changed": [...], "removed": [...]}, ...}."""
     build = course_build()
     course = build.read_course()
-    return {part.name: {kind: [d.name for d in found]
-                        for kind, found in build.lineage(course, part.stage).items()}
+    return {part.name: {kind: [d.name for d in found] for kind, found in
+                        build.lineage(course, part.stage, edition).items()}
             for part in course.parts}
 
 
+# A stage is named by its file under agents/: "s09_permission_system" is the teaching
+# edition, "hardened/s09_permission_system" the hardened one (agents/hardened/).
+HARDENED = "hardened/"
+
+
 def all_stages() -> list[str]:
-    """Stage names present in agents/, in order: ['s01_loop', ...]."""
+    """Stage names present in agents/, in order: ['s01_loop', ...] (teaching edition)."""
     return sorted(p.stem for p in AGENTS.glob("s*.py") if STAGE_FILE.match(p.name))
 
 
+def every_stage() -> list[str]:
+    """Every stage of both editions: the smoke tests run on all of them."""
+    return all_stages() + [HARDENED + stage for stage in all_stages()]
+
+
+def base_stage(stage: str) -> str:
+    """'s09_permission_system' for either edition's name."""
+    return stage.removeprefix(HARDENED)
+
+
+def short(stage: str) -> str:
+    """'s09' for 's09_permission_system' and 'hardened/s09_permission_system'."""
+    return stage.removeprefix(HARDENED)[:3]
+
+
 def stage_number(stage: str) -> int:
-    return int(stage[1:3])
+    return int(short(stage)[1:])
+
+
+def edition_of(stage: str) -> str:
+    return "hardened" if stage.startswith(HARDENED) else "teaching"
 
 
 def stages_from(first: str) -> list[str]:
-    """Every present stage that carries the feature introduced by stage `first`."""
-    return [s for s in all_stages() if stage_number(s) >= stage_number(first)]
+    """Where a feature's tests run (curriculum §5): at the stage that introduced it and at
+    the newest stage, in both editions. The stages in between carry the same text by
+    construction (course/build.py; tests/test_lineage.py), and each gets smoke tests. A
+    test marked `hardening` keeps only the hardened ones (conftest.py)."""
+    stages = all_stages()
+    carrying = [s for s in stages if stage_number(s) >= stage_number(first)]
+    ends = sorted({carrying[0], carrying[-1]})
+    return ends + [HARDENED + stage for stage in ends]
 
 
 def has_config_chain(stage) -> bool:
@@ -156,12 +186,12 @@ def flag_error(stage, flag: str) -> str:
 
 
 def first_and_newest(stages: list[str]) -> list[str]:
-    """The stage that introduced a feature and the newest stage, for the few tests that
-    need a real process and real seconds. The code in between is the same text (checked by
-    tests/test_lineage.py), so these two show that it works where it was written and
-    still works after every later stage's changes, at a cost that does not grow with
-    the number of stages."""
-    return sorted({stages[0], stages[-1]})
+    """For the few tests that need a real process and real seconds: the teaching stage
+    that introduced the feature and the newest hardened stage (`stages` as stages_from()
+    gives them). So each edition runs it once, where the feature was written and after
+    every later stage's changes, at a cost that does not grow with the number of
+    stages."""
+    return [stages[0], stages[-1]]
 
 
 _loaded: dict[str, object] = {}
@@ -170,7 +200,7 @@ _loaded: dict[str, object] = {}
 def load_stage(stage: str):
     """Import agents/<stage>.py by path (stages are not a package), once per test run."""
     if stage not in _loaded:
-        _loaded[stage] = new_module(stage, f"stage_{stage}")
+        _loaded[stage] = new_module(stage, "stage_" + stage.replace("/", "_"))
     return _loaded[stage]
 
 
@@ -180,13 +210,14 @@ _fresh_names = itertools.count()
 def fresh_stage(stage: str):
     """A new, independent copy of agents/<stage>.py (a few ms): its own registries,
     settings and module state, so a test may change them without affecting others."""
-    return new_module(stage, f"fresh_{stage}_{next(_fresh_names)}")
+    return new_module(stage, f"fresh_{stage.replace('/', '_')}_{next(_fresh_names)}")
 
 
 def new_module(stage: str, name: str):
     """agents/<stage>.py run as a new module called `name`, from its compiled code."""
     spec = importlib.util.spec_from_file_location(name, AGENTS / f"{stage}.py")
     module = importlib.util.module_from_spec(spec)
+    module.__stage__ = stage                    # the name it was loaded by, for the tests
     exec(compiled_stage(stage), module.__dict__)
     return module
 

@@ -6,6 +6,7 @@ a broken source gets a readable error that names the file and line.
 """
 
 import ast
+import functools
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def test_the_committed_stage_files_are_what_the_source_produces():
     run = subprocess.run([sys.executable, "course/build.py", "--check"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert f"{len(all_stages())} stage files are what course/ produces" in run.stdout
+    assert f"{2 * len(all_stages())} stage files (both editions) are what course/ produces" \
+        in run.stdout
 
 
 def test_one_changed_byte_is_named_with_its_file_and_line(built, tmp_path):
@@ -49,37 +51,42 @@ def test_one_changed_byte_is_named_with_its_file_and_line(built, tmp_path):
     assert "agents/s13_extra.py: no part in course/ produces it" in BUILD.check(built, tmp_path)
 
 
-def top_level_texts(source: str) -> dict[str, str]:
-    tree = ast.parse(source)
-    lines = source.splitlines()
-    return {BUILD.statement_name(node): "\n".join(lines[node.lineno - 1:node.end_lineno])
-            for node in tree.body[1:]}
+def definition_texts(course, stage: int, edition: str) -> dict[str, str]:
+    """name -> text of each definition in one stage file, as rendered from `course`."""
+    texts = [text for _, text in BUILD.render(course, stage, edition).statements]
+    return {name_of(text): text for text in texts}
+
+
+@functools.lru_cache(maxsize=None)
+def name_of(text: str) -> str:
+    return BUILD.statement_name(ast.parse(text).body[0])
 
 
 def test_a_changed_definition_changes_in_every_stage_that_carries_it_and_nowhere_else(
-        built, tmp_path):
-    course = tmp_path / "course"
-    shutil.copytree(ROOT / "course", course)
+        tmp_path):
+    course_dir = tmp_path / "course"
+    shutil.copytree(ROOT / "course", course_dir)
     # run_terminal: written once in s01, carried unchanged by every stage.
     # RecordedMessages: s03's variant, carried by s04 only (s05 writes its own).
-    s01 = course / "s01_loop.py"
+    s01 = course_dir / "s01_loop.py"
     s01.write_text(s01.read_text(encoding="utf-8").replace(
         "def run_terminal(", "def run_terminal(  # edited\n        ", 1), encoding="utf-8")
-    s03 = course / "s03_session_store.py"
+    s03 = course_dir / "s03_session_store.py"
     text = s03.read_text(encoding="utf-8")
     start = text.index("class RecordedMessages(list):")
     s03.write_text(text[:start] + text[start:].replace('"""', '"""Edited. ', 1),
                    encoding="utf-8")
-    rebuilt = BUILD.build(course)
-    carriers = {"run_terminal": set(all_stages()),
+    before, after = BUILD.read_course(), BUILD.read_course(course_dir)
+    stages = all_stages()
+    carriers = {"run_terminal": set(stages),
                 "RecordedMessages": {"s03_session_store", "s04_prompt_builder"}}
-    for path, text in rebuilt.items():
-        stage = path.removeprefix("agents/").removesuffix(".py")
-        before, after = top_level_texts(built[path]), top_level_texts(text)
-        changed = {name for name in set(before) | set(after)
-                   if before.get(name) != after.get(name)}
-        expected = {name for name, stages in carriers.items() if stage in stages}
-        assert changed == expected, stage
+    for edition in BUILD.EDITIONS:
+        for number, stage in enumerate(stages, start=1):
+            old = definition_texts(before, number, edition)
+            new = definition_texts(after, number, edition)
+            changed = {name for name in set(old) | set(new) if old.get(name) != new.get(name)}
+            expected = {name for name, carried in carriers.items() if stage in carried}
+            assert changed == expected, (edition, stage)
 
 
 def test_a_definition_carried_from_s01_to_the_last_stage_is_written_once():
@@ -92,8 +99,10 @@ def test_a_definition_carried_from_s01_to_the_last_stage_is_written_once():
 
 
 def test_generated_files_hold_no_markers_and_say_where_to_edit(built):
+    assert len(built) == 2 * len(all_stages())
     for path, text in built.items():
-        assert text.startswith(BUILD.GENERATED_LINE + "\n"), path
+        edition = "hardened" if path.startswith("agents/hardened/") else "teaching"
+        assert text.startswith(BUILD.GENERATED_LINES[edition] + "\n"), path
         assert not [line for line in text.splitlines() if line.startswith("#:")], path
         assert "{changed elsewhere}" not in text, path
 
@@ -213,7 +222,7 @@ def test_an_unknown_stage_is_refused(tmp_path, names, message):
     (lambda s: s + '\n\nTOOLS = ["terminal", "read_file"]\n',
      "course/s02_b.py:16: a variant of TOOLS, which no earlier stage defines"),
     (lambda s: s.replace('"""s02 · A second stage.', '"""s02 · A second stage.' + "\n" * 36),
-     "course/s02_b.py: the docstring of s02_b is 41 lines; at most 40"),
+     "course/s02_b.py: the teaching docstring of s02_b is 41 lines; at most 40"),
 ])
 def test_a_broken_part_is_named(tmp_path, edit, message):
     course = tiny_course(tmp_path, s01_a=S01, s02_b=edit(S02))
@@ -280,10 +289,13 @@ def test_a_removed_definition_leaves_the_later_stages(tmp_path):
 
 def test_write_rewrites_only_what_changed_and_removes_stale_stages(tmp_path):
     files = BUILD.build(tiny_course(tmp_path, s01_a=S01, s02_b=S02))
-    assert sorted(BUILD.write(files, tmp_path)) == ["agents/s01_a.py", "agents/s02_b.py"]
+    assert sorted(BUILD.write(files, tmp_path)) == [
+        "agents/hardened/s01_a.py", "agents/hardened/s02_b.py", "agents/s01_a.py",
+        "agents/s02_b.py"]
     assert BUILD.write(files, tmp_path) == []
     (tmp_path / "agents" / "s03_old.py").write_text("", encoding="utf-8")
-    assert BUILD.write(files, tmp_path) == ["agents/s03_old.py"]
+    (tmp_path / "agents" / "hardened" / "s03_old.py").write_text("", encoding="utf-8")
+    assert BUILD.write(files, tmp_path) == ["agents/hardened/s03_old.py", "agents/s03_old.py"]
     assert not (tmp_path / "agents" / "s03_old.py").exists()
 
 
@@ -295,3 +307,84 @@ def test_imports_are_the_ones_the_code_uses_in_the_usual_groups(tmp_path):
     assert head.endswith("from __future__ import annotations\n\nimport sys\nfrom pathlib "
                          "import Path\n\nimport openai\n\n")
     assert "json" not in head
+
+
+# ── Two editions ─────────────────────────────────────────────────────────
+
+S02_EDITIONS = S02.replace('#: section Tools\nTOOLS = ["terminal"]\n', '''\
+#: section Tools
+#: teaching
+TOOLS = ["terminal"]
+#: hardened
+# The hardened edition offers one more tool.
+TOOLS = ["terminal", "read_file"]
+#: section Tool details | hardened
+
+
+def checked(name):
+    return name in TOOLS
+''').replace("#: changes\n", '''\
+#: changes
+#: hardened
+
+
+def main():
+    return loop() if checked("terminal") else 0
+''')
+
+
+def test_each_edition_gets_its_own_variants_and_sections(tmp_path):
+    files = BUILD.build(tiny_course(tmp_path, s01_a=S01, s02_b=S02_EDITIONS))
+    teaching, hardened = files["agents/s02_b.py"], files["agents/hardened/s02_b.py"]
+    assert 'TOOLS = ["terminal"]\n' in teaching and "read_file" not in teaching
+    assert ('# The hardened edition offers one more tool.\nTOOLS = ["terminal", "read_file"]'
+            in hardened and 'TOOLS = ["terminal"]\n' not in hardened)
+    assert "Tool details" not in teaching and "# ── [s02] Tool details" in hardened
+    assert "checked(" not in teaching
+    assert "#:" not in teaching + hardened
+    results = []
+    for text in (teaching, hardened):
+        namespace = {"__name__": "tiny"}
+        exec(compile(text, "s02_b.py", "exec"), namespace)
+        results.append(namespace["main"]())
+    assert results == [4, 5]
+
+
+def test_what_an_edition_changes_is_listed_for_that_edition(tmp_path):
+    course = BUILD.read_course(tiny_course(tmp_path, s01_a=S01, s02_b=S02_EDITIONS))
+    teaching, hardened = (BUILD.describe_changes(course, "s02", edition)
+                          for edition in BUILD.EDITIONS)
+    assert "main()" not in teaching.split("changed:")[1]
+    assert "main()" in hardened.split("changed:")[1] and "checked()" in hardened
+    assert "the hardened edition" in hardened.splitlines()[0]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda s: s.replace("#: hardened\n# The hardened", "#: teaching\n# The hardened"),
+     "course/s02_b.py:12: duplicate: a second variant of TOOLS in this stage"),
+    (lambda s: s.replace("#: hardened\n# The", "#: hardend\n# The"),
+     "course/s02_b.py:10: unknown directive '#: hardend'"),
+    (lambda s: s.replace("Tool details | hardened", "Tool details | hard"),
+     "course/s02_b.py:13: expected '#: section Title | plumbing, untagged, hardened'"),
+    (lambda s: s.replace("#: changes\n#: hardened\n", "#: changes\n#: hardened\n#: hardened\n"),
+     "an edition marker goes right above the statement's comments, once"),
+    (lambda s: s.replace('"""s02 · A second stage.', '#: docstring | hard\n"""s02'),
+     "unknown edition(s) hard"),
+])
+def test_a_broken_edition_marker_is_named(tmp_path, edit, message):
+    assert message in error_of(tiny_course(tmp_path, s01_a=S01, s02_b=edit(S02_EDITIONS)))
+
+
+def test_a_teaching_file_may_not_use_what_only_the_hardened_edition_defines(tmp_path):
+    s02 = S02_EDITIONS.replace("#: changes\n#: hardened\n", "#: changes\n")
+    assert "agents/s02_b.py:" in error_of(tiny_course(tmp_path, s01_a=S01, s02_b=s02))
+    assert "uses checked, which this file never defines" in error_of(
+        tiny_course(tmp_path / "2", s01_a=S01, s02_b=s02))
+
+
+def test_each_edition_may_have_its_own_docstring(tmp_path):
+    s02 = S02_EDITIONS.replace("#: section Tools", '#: docstring | hardened\n'
+                               '"""s02 · A second stage, every guard."""\n#: section Tools')
+    files = BUILD.build(tiny_course(tmp_path, s01_a=S01, s02_b=s02))
+    assert '"""s02 · A second stage.\n' in files["agents/s02_b.py"]
+    assert '"""s02 · A second stage, every guard."""' in files["agents/hardened/s02_b.py"]

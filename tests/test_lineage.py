@@ -23,11 +23,13 @@ from helpers import AGENTS, all_stages, course_build, course_lineage, stage_numb
 BANNER = re.compile(r"^# ── (?:\[(s\d\d)\] )?(.+?) ─+$")
 STAGES = all_stages()
 PAIRS = list(zip(STAGES, STAGES[1:]))
+EDITIONS = course_build().EDITIONS
 
 
 @functools.lru_cache(maxsize=None)
-def read(stage: str) -> str:
-    return (AGENTS / f"{stage}.py").read_text(encoding="utf-8")
+def read(stage: str, edition: str = "teaching") -> str:
+    folder = AGENTS if edition == "teaching" else AGENTS / edition
+    return (folder / f"{stage}.py").read_text(encoding="utf-8")
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,21 +98,23 @@ def lineage_problems(previous: str, current: str, declared: dict) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def introduced_in() -> dict[str, int]:
-    """Each definition's stage, as the source says; wiring and untagged sections: 0."""
+def introduced_in(edition: str = "teaching") -> dict[str, int]:
+    """Each definition's first stage in `edition`, as the source says; wiring and
+    untagged sections: 0."""
     build = course_build()
     course = build.read_course()
-    return {name: (0 if d.section is None or not d.section.tagged else d.variants[0].stage)
+    return {name: (0 if d.section is None or not d.section.tagged
+                   else build.introduced_in(d, edition))
             for name, d in course.definitions.items()}
 
 
-def banner_problems(source: str) -> list[str]:
+def banner_problems(source: str, edition: str = "teaching") -> list[str]:
     problems = []
     for name, (_, banner) in top_level(source).items():
         if name in ("<imports>", "<main>"):
             continue
         tag = banner[0] if banner else None
-        expected = introduced_in().get(name)
+        expected = introduced_in(edition).get(name)
         if expected is None:
             problems.append(f"{name}: no part of course/ defines it")
         elif (int(tag[1:]) if tag else 0) != expected:
@@ -123,19 +127,23 @@ def test_every_stage_has_a_part():
     assert list(course_lineage()) == STAGES
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("previous,current", PAIRS)
-def test_stage_is_previous_plus_what_the_source_says(previous, current):
-    assert lineage_problems(read(previous), read(current), course_lineage()[current]) == []
+def test_stage_is_previous_plus_what_the_source_says(previous, current, edition):
+    assert lineage_problems(read(previous, edition), read(current, edition),
+                            course_lineage(edition)[current]) == []
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("stage", STAGES)
-def test_banners_are_truthful(stage):
-    assert banner_problems(read(stage)) == []
+def test_banners_are_truthful(stage, edition):
+    assert banner_problems(read(stage, edition), edition) == []
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("stage", STAGES)
-def test_the_stage_lesson_comes_first(stage):
-    source = read(stage)
+def test_the_stage_lesson_comes_first(stage, edition):
+    source = read(stage, edition)
     lines = source.splitlines()
     banners = [(number, *BANNER.match(line).groups()) for number, line in
                enumerate(lines, start=1) if BANNER.match(line)]
@@ -150,24 +158,26 @@ def test_the_stage_lesson_comes_first(stage):
     assert lesson == sorted(lesson, reverse=True) and lesson[-1] == 1, lesson
     # What the stage adds stands in its own sections (or in the wiring, or the offline
     # model, whose banners are untagged).
-    added = set(course_lineage()[stage]["added"])
+    added = set(course_lineage(edition)[stage]["added"])
     misplaced = {name for name, (_, banner) in top_level(source).items()
                  if name in added and banner and banner[0] not in (None, stage[:3])}
     assert not misplaced
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("stage", STAGES)
-def test_docstring_is_short_and_lists_no_changes(stage):
-    source = read(stage)
+def test_docstring_is_short_and_lists_no_changes(stage, edition):
+    source = read(stage, edition)
     docstring = parsed(source).body[0]
     assert docstring.end_lineno - docstring.lineno + 1 <= 40
     assert "Changes from" not in source
-    assert source.startswith(course_build().GENERATED_LINE + "\n")
+    assert source.startswith(course_build().GENERATED_LINES[edition] + "\n")
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("stage", STAGES)
-def test_banners_name_a_stage_and_never_say_new(stage):
-    found = [BANNER.match(line).groups() for line in read(stage).splitlines()
+def test_banners_name_a_stage_and_never_say_new(stage, edition):
+    found = [BANNER.match(line).groups() for line in read(stage, edition).splitlines()
              if BANNER.match(line)]
     number = stage_number(stage)
     for tag, title in found:
@@ -181,13 +191,14 @@ def test_banners_name_a_stage_and_never_say_new(stage):
     assert last[-1] == ("", "Offline model (not part of the lesson)")
 
 
-def test_tools_keep_the_order_the_stages_added_them_in():
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_tools_keep_the_order_the_stages_added_them_in(edition):
     """The wiring registers tools in stage order: each stage's registrations come after
     the earlier stages' ones, which keep their order, so the model is offered the tools
     in the order the stages added them."""
     offered: list[str] = []
     for stage in STAGES:
-        lines = read(stage).splitlines()
+        lines = read(stage, edition).splitlines()
         registered = [line for line in lines if line.startswith("REGISTRY.register(")]
         assert registered[:len(offered)] == offered, stage
         if registered:

@@ -75,7 +75,7 @@ def test_only_notebook_items_get_the_new_kernel_retry():
     notebook, test = Kernel(deaths=1), Kernel(deaths=1)
     items = [SimpleNamespace(nbmake=True, runtest=notebook.runtest),
              SimpleNamespace(runtest=test.runtest)]
-    conftest.pytest_collection_modifyitems(items)
+    conftest.pytest_collection_modifyitems(None, items)
     with pytest.warns(UserWarning):
         assert items[0].runtest() == "ran"
     with pytest.raises(RuntimeError):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
-from helpers import (clean_env, dies_soon, first_and_newest, fresh_stage, load_stage,
+from helpers import (short, clean_env, dies_soon, first_and_newest, fresh_stage, load_stage,
                      pairing_problems, pid_alive, pid_in_file, pid_of_running_command,
                      repl_output, run_main, stages_from, start_agent, type_line)
 
@@ -559,7 +559,7 @@ def test_help_prints_the_help_text_where_it_was_asked(stage_name, tmp_path):
     assert "/help          this help" in help_text and "/quit" in help_text
     result = run_main(stage_name, stdin="/help\n$ echo after-help\n", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    prompt = f"{stage_name[:3]}> "
+    prompt = f"{short(stage_name)}> "
     assert repl_output(result.stdout, prompt, "/help") == help_text
     assert "after-help" in repl_output(result.stdout, prompt, "$ echo after-help")
 

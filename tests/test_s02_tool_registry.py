@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import (clean_env, has_config_chain, load_stage, pairing_problems, run_main,
+from helpers import (short, clean_env, has_config_chain, load_stage, pairing_problems, run_main,
                      stages_from)
 
 STAGES = stages_from("s02")
@@ -514,7 +514,7 @@ def test_repl_shows_landed_changes_and_offline_file_verbs(stage_name, tmp_path):
 
 def outputs_by_command(stdout, stage_name, commands):
     """Split piped REPL output at the echoed prompt lines: what each command printed."""
-    prompt = stage_name[:3] + "> "
+    prompt = short(stage_name) + "> "
     parts = re.split("^" + re.escape(prompt) + r"(.*)$", stdout, flags=re.M)
     printed = dict(zip(parts[1::2], parts[2::2]))
     assert list(printed) == commands, stdout

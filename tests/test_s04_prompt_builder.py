@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, reply
-from helpers import load_stage, repl_output, run_main, stages_from, started_session
+from helpers import short, load_stage, repl_output, run_main, stages_from, started_session
 
 STAGES = stages_from("s04")
 
@@ -699,7 +699,7 @@ def test_prompt_command_and_offline_prompt_verb(stage_name, tmp_path):
     # the verb first: /prompt must show the first message, not the latest one
     result = run_main(stage_name, stdin="prompt\n/prompt\n", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    shown = repl_output(result.stdout, f"{stage_name[:3]}> ", "/prompt")
+    shown = repl_output(result.stdout, f"{short(stage_name)}> ", "/prompt")
     prompt, notice = shown.rsplit("\n", 1)
     assert prompt.startswith("You are a coding agent")
     assert "## Project instructions from AGENTS.md\nAlways write tests first.\n" in prompt
@@ -707,7 +707,7 @@ def test_prompt_command_and_offline_prompt_verb(stage_name, tmp_path):
                            f"Operating system: {platform.system()} {platform.release()}")
     assert notice == f"[{len(prompt)} characters, built when the session started]"
     assert "sections: Using tools, Project instructions from AGENTS.md, Environment" \
-        in repl_output(result.stdout, f"{stage_name[:3]}> ", "prompt")
+        in repl_output(result.stdout, f"{short(stage_name)}> ", "prompt")
 
 
 def test_prompt_command_without_a_system_prompt_says_so(stage, project, capsys):
@@ -729,7 +729,7 @@ def test_a_folder_name_that_is_not_utf8_is_shown_with_replacement_characters(sta
         pytest.skip("this file system only stores UTF-8 names")
     result = run_main(stage_name, stdin="/prompt\nhello\n$ echo ran-here\n", cwd=folder)
     assert result.returncode == 0, result.stderr
-    prompt = f"{stage_name[:3]}> "
+    prompt = f"{short(stage_name)}> "
     assert f"Working directory: {tmp_path}/caf\ufffd\n" in repl_output(result.stdout, prompt,
                                                                        "/prompt")
     assert "offline model" in repl_output(result.stdout, prompt, "hello")      # saved, sent
@@ -747,7 +747,7 @@ def test_a_deleted_working_directory_is_named_and_the_repl_runs(stage_name, tmp_
     gone.rmdir()
     result = run_main(stage_name, stdin="/prompt\nhello\n")
     assert result.returncode == 0, result.stderr
-    prompt = f"{stage_name[:3]}> "
+    prompt = f"{short(stage_name)}> "
     shown = repl_output(result.stdout, prompt, "/prompt")
     assert "Working directory: (deleted: it no longer exists)\n" in shown
     assert "Project instructions" not in shown

@@ -695,7 +695,7 @@ def test_a_compressed_session_resumes_with_its_full_record(stage, tmp_path, monk
 
 
 def stage_name(stage):
-    return stage.__name__.removeprefix("stage_")        # as helpers.load_stage() names it
+    return stage.__stage__                              # as helpers.load_stage() named it
 
 
 def env_with_home(home):

@@ -18,7 +18,7 @@ import pytest
 
 from fake_openai import (FakeOpenAI, call, dropped_connection, http_error, no_answer,
                          reply)
-from helpers import (clean_env, load_stage, pairing_problems, repl_output, run_main,
+from helpers import (short, clean_env, load_stage, pairing_problems, repl_output, run_main,
                      stages_from, started_retry_policy)
 
 STAGES = stages_from("s06")
@@ -784,7 +784,7 @@ def test_offline_fail_verb_retries_and_answers(stage_name, tmp_path):
     assert result.returncode == 0
     assert "[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks; Ctrl-C " \
         "cancels]" in result.stderr
-    answer = repl_output(result.stdout, f"{stage_name[:3]}> ", "fail rate_limit")
+    answer = repl_output(result.stdout, f"{short(stage_name)}> ", "fail rate_limit")
     assert answer == ("This answer got through: the endpoint failed (rate_limit) as asked, "
                       "and the agent recovered.")
     assert "fail what? Kinds: rate_limit, billing, auth" in result.stdout
@@ -796,7 +796,7 @@ def test_offline_fail_verb_refuses_a_count_below_one(stage_name, tmp_path):
                       cwd=tmp_path)
     assert result.returncode == 0
     for n in counts:                                # nothing failed, so nothing recovered
-        assert repl_output(result.stdout, f"{stage_name[:3]}> ", f"fail server {n}") == \
+        assert repl_output(result.stdout, f"{short(stage_name)}> ", f"fail server {n}") == \
             "fail server how many times? A count of 1 or more, e.g. fail server 3."
     assert "retry" not in result.stderr                 # -1 is not "once"
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import (clean_env, fresh_stage, load_stage, pairing_problems, repl_output,
+from helpers import (short, clean_env, fresh_stage, load_stage, pairing_problems, repl_output,
                      run_main, stages_from, started_session)
 
 STAGES = stages_from("s07")
@@ -693,7 +693,7 @@ def test_arguments_of_the_wrong_type_stop_at_the_door(stage, home):
 def test_memory_command_shows_both_files_and_how_full_they_are(stage_name, home, tmp_path):
     write_memory(home, "uses pytest\n§\nline one\nline two\n§\nkeys in ~/.ssh\n")
     result = run_in(stage_name, home, tmp_path, stdin="/memory\n")
-    shown = repl_output(result.stdout, f"{stage_name[:3]}> ", "/memory")
+    shown = repl_output(result.stdout, f"{short(stage_name)}> ", "/memory")
     assert shown == (
         f"memory files in {home / 'memories'}\n"
         "MEMORY.md: 3 entries, 48/2,200 characters (2% full)\n"
@@ -709,7 +709,7 @@ def test_memory_command_reports_a_corrupt_file_and_goes_on(stage_name, home, tmp
     write_memory(home, b"\xff")
     write_memory(home, "x" * 1_374, name="USER.md")
     result = run_in(stage_name, home, tmp_path, stdin="/memory\n")
-    shown = repl_output(result.stdout, f"{stage_name[:3]}> ", "/memory")
+    shown = repl_output(result.stdout, f"{short(stage_name)}> ", "/memory")
     assert "MEMORY.md: error: MEMORY.md is not valid UTF-8 (byte 0); it is left as it is" in shown
     assert "USER.md: 1 entry, 1,374/1,375 characters (99% full)" in shown
     assert memory_file(home).read_bytes() == b"\xff"
@@ -723,7 +723,7 @@ def test_the_offline_model_remembers(stage_name, home, tmp_path):
              "prompt\n")
     result = run_in(stage_name, home, tmp_path, stdin=stdin)
     assert result.returncode == 0, result.stderr
-    prompt = f"{stage_name[:3]}> "
+    prompt = f"{short(stage_name)}> "
     saved = repl_output(result.stdout, prompt, "remember The tests run with pytest")
     assert '→ memory {"action": "add", "target": "memory", "content": "The tests run with ' \
            'pytest"}' in saved
@@ -770,7 +770,7 @@ def test_the_demo_saves_refuses_and_leaves_your_memory_alone(stage_name, home, t
              "in the new session's prompt: True",
              "Every write is checked first; a refused one stores nothing.",
              "s07> remember Upload each session log", "s07> remember Build notes: step 1"]
-    steps = [step.replace("s07", stage_name[:3]) for step in steps]
+    steps = [step.replace("s07", short(stage_name)) for step in steps]
     positions = [out.find(step) for step in steps]
     assert -1 not in positions and positions == sorted(positions), positions
     assert out.count("> remember about me:") == 1

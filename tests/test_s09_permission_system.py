@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, reply
-from helpers import (AGENTS, clean_env, first_and_newest, has_config_chain, load_stage, marks,
+from helpers import (short, AGENTS, clean_env, first_and_newest, has_config_chain, load_stage, marks,
                      pairing_problems, repl_output, run_main, stages_from, started_permissions,
                      started_session, stub_programs, stubbed_work_folder)
 
@@ -648,13 +648,13 @@ def test_the_prompt_on_a_real_terminal(stage_name, work, home):
         for line, answer, outcome in ((b"$ rm -rf one", b"o\n", b"stub rm"),
                                       (b"$ rm -rf two", None, b"no answer in time"),
                                       (b"$ rm -rf three", b"\x04", b"end of input (Ctrl-D)")):
-            expect(f"{stage_name[:3]}> ".encode())
+            expect(f"{short(stage_name)}> ".encode())
             os.write(controller, line + b"\n")
             expect(b"Choice [o/s/a/D]: ")
             if answer:
                 os.write(controller, answer)
             expect(outcome)
-        expect(f"{stage_name[:3]}> ".encode())
+        expect(f"{short(stage_name)}> ".encode())
         os.write(controller, b"/quit\n")
         assert agent.wait(30) == 0
     finally:
