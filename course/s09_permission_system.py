@@ -4,6 +4,44 @@
 """s09 · Permission system — a gate in front of every command the agent runs.
 
 What this stage adds
+    Every shell command passes one gate, command_gate(), before it runs. The article
+    series' design: regexes searched in the normalised command (escape sequences and
+    invisible characters out, full-width letters folded, r''m read as rm). A command
+    matching HARDLINE_PATTERNS (rm -rf ~, mkfs on a disk, a fork bomb, reboot …) is
+    BLOCKED, always, and so is one that writes the policy file (allowlist.json). One
+    matching DANGEROUS_PATTERNS (the article's 15 first) runs only when approved: YOLO
+    or mode off, an earlier "session" or "always" answer, the smart reviewer, or you.
+
+    terminal call ─▶ command_gate(command)
+                       detect_hardline_command() ──▶ BLOCKED (hardline)
+                       policy_file_written() ──────▶ BLOCKED (self-protection)
+                       detect_dangerous_command() ─▶ [] ──▶ run
+                       YOLO / mode off ────────────────────▶ run
+                       approve_command(): session, allowlist.json, smart reviewer ─▶ run
+                                          prompt: [o]nce [s]ession [a]lways ─▶ run
+                                                  d, Enter, timeout, EOF, no TTY ─▶ denied
+
+Reading guide
+    Start right below the imports: "[s09] Dangerous commands" is this stage's lesson:
+    HARDLINE_PATTERNS, DANGEROUS_PATTERNS, normalize_command() and the two detectors.
+    "[s09] Permission system" is the gate: command_gate(), approve_command(),
+    Permissions, ApprovalContext. "[s09] Approval details": the prompt, the smart
+    reviewer, the allowlist, self- and write protection. Earlier stages follow, newest
+    first, then the plumbing (/yolo and /permissions are under "[s09] Permission
+    commands") and the wiring, which gates the terminal tool. A shell parser in place of
+    the regexes: agents/hardened/s09_permission_system.py.
+    {changed elsewhere}
+Run
+    python agents/s09_permission_system.py          # REPL (offline model without a key)
+    python agents/s09_permission_system.py --demo   # the walk-through
+Chapter
+    docs/en/s09-permission-system.md
+"""
+
+#: docstring | hardened
+"""s09 · Permission system — a gate in front of every command the agent runs.
+
+What this stage adds
     Every shell command passes one gate, command_gate(), before it runs. A hardline
     command (rm -rf /, mkfs on a disk, a fork bomb, reboot …) is BLOCKED, always, and so
     is one that writes the agent's own policy file (allowlist.json). A dangerous one
@@ -60,6 +98,7 @@ import posixpath
 import random
 import re
 import select
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -82,6 +121,7 @@ from typing import Callable, NamedTuple
 
 #: section Dangerous commands
 
+#: hardened
 # The article series matched 15 regexes against the raw command text. Quoting (r''m),
 # $IFS, full-width letters, paths (/bin/rm), wrappers (sudo -u root), flag order
 # (rm -f -r) and a renamed fork bomb walk past them, and `grep -r shutdown docs/`
@@ -99,9 +139,27 @@ class Finding(NamedTuple):
     key: str                   # stable id: session approvals and allowlist.json store it
     description: str           # one human line
     tier: str                  # "hardline": never runs; "dangerous": runs once approved
-    needs_human: bool = False  # only for "too complex to analyse": the parser gave up,
-                               # so it might hide anything; only a person may approve it
+    # Only for "too complex to analyse": the parser gave up, so the command might hide
+    # anything, and only a person may approve it.
+    needs_human: bool = False
 
+#: teaching
+# The article series' design: regular expressions searched in the command's text. Two
+# lists. HARDLINE_PATTERNS is the floor: checked first, never approved, not even with
+# --yolo. DANGEROUS_PATTERNS, the article's 15 first, asks the user. Before matching,
+# normalize_command() undoes the cheapest disguises. A regex reads text, not what the
+# shell will run: a name built at run time ($(echo rm)), a variable, a script file
+# all pass. Reading a command as the shell does is agents/hardened/'s lesson.
+
+
+class Finding(NamedTuple):
+    """One reason why a command does not simply run."""
+    key: str                   # stable id: session approvals and allowlist.json store it
+    description: str           # one human line
+    tier: str                  # "hardline": never runs; "dangerous": runs once approved
+    needs_human: bool = False  # only a person may approve it (the hardened edition)
+
+#: hardened
 
 class Rule(NamedTuple):
     key: str
@@ -112,6 +170,8 @@ class Rule(NamedTuple):
     article_regex: str = ""    # the article series' regex that this rule replaces
 
 
+
+#: hardened
 class _computed_once:
     """A property computed on first use and then stored on the instance, like
     functools.cached_property without the lock it takes before Python 3.12."""
@@ -124,6 +184,8 @@ class _computed_once:
         return value
 
 
+
+#: hardened
 class Call:
     """A command as it will really run: wrappers skipped, quoting removed."""
 
@@ -164,6 +226,7 @@ class Call:
         return {_rm_kind(p) for p in deleted_paths(self)}
 
 
+#: hardened
 MAX_COMMAND_CHARS = 128_000    # longer input is "too complex" (where Hermes draws the line)
 MAX_NESTING_DEPTH = 8          # $( … ) inside sh -c inside eval …: deeper is "too complex"
 MAX_COMMANDS = 400             # simple commands in one input, counting what it runs in turn
@@ -174,6 +237,66 @@ MAX_GLOB_CHARS = 256           # a longer glob pattern is not matched (fnmatch i
 MAX_GLOB_PATTERNS = 200        # different glob patterns matched in one input (each is compiled)
 MAX_SCRIPT_BYTES = 64 * 1024   # a script file the command runs is read up to this size
 
+#: teaching
+# Where a command starts: the start of the text or a line, after ; & | ( ` or $( ,
+# after wrappers such as sudo, env NAME=…, exec, nohup; and a path before the name
+# (/bin/rm) is allowed. Anchoring the floor here keeps `echo "never rm -rf /"` and
+# `git commit -m 'fix reboot'` from being blocked.
+COMMAND_START = (r"(?:^|[\n;&|(`]|\$\()\s*"
+                 r"(?:(?:sudo|env|exec|nohup|time|command)\s+(?:-\S+\s+|\w+=\S*\s+)*)*"
+                 r"(?:\S*/)?")
+SYSTEM_FOLDERS = "bin|boot|dev|etc|home|lib|lib64|opt|proc|root|sbin|srv|sys|usr|var"
+WORD_END = r"(?=$|[\s;&|)`])"
+
+#: teaching
+HARDLINE_PATTERNS = [
+    (COMMAND_START + r"rm\s+(?:[^\s;&|]+\s+)*(?:/|/\*|~/?\*?|\$\{?HOME\}?/?\*?|/(?:"
+     + SYSTEM_FOLDERS + r")/?\*?)" + WORD_END,
+     "delete of /, the home folder or a system folder"),
+    (COMMAND_START + r"(?:mkfs(?:\.\w+)?|mke2fs|mkswap|wipefs)\s+.*/dev/",
+     "format of a disk (mkfs onto a device)"),
+    (COMMAND_START + r"dd\s+.*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)",
+     "dd onto a device"),
+    (r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk)", "write onto a disk device"),
+    (r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:", "fork bomb"),
+    (COMMAND_START + r"(?:shutdown|reboot|halt|poweroff)" + WORD_END, "shutdown or reboot"),
+    (COMMAND_START + r"(?:init|telinit)\s+[06]" + WORD_END, "init 0/6 (shutdown or reboot)"),
+    (COMMAND_START + r"systemctl\s+(?:poweroff|reboot|halt|kexec)" + WORD_END,
+     "systemctl poweroff/reboot"),
+    (COMMAND_START + r"kill\s+(?:-\S+\s+)*-1" + WORD_END, "kill every process (kill -1)"),
+]
+
+#: teaching
+# The article series' 15 patterns, in its order and with its descriptions, searched in
+# the normalised command (ignoring case); then a few of this course's. A description is
+# also the finding's key: "always" stores it in allowlist.json.
+DANGEROUS_PATTERNS = [
+    (r"rm\s+(-[a-zA-Z]*f[a-zA-Z]*\s+|.*--no-preserve-root)", "Recursive/force file deletion"),
+    (r"rm\s+-[a-zA-Z]*r", "Recursive file deletion"),
+    (r"mkfs\.", "Filesystem format"),
+    (r"dd\s+if=", "Raw disk write"),
+    (r">\s*/dev/sd[a-z]", "Direct device write"),
+    (r"chmod\s+(-R\s+)?777", "World-writable permissions"),
+    (r"chown\s+-R\s+", "Recursive ownership change"),
+    (r"shutdown|reboot|poweroff|init\s+[06]", "System shutdown/reboot"),
+    (r"kill\s+-9\s+(-1|1\b)", "Kill all processes"),
+    (r":\(\)\s*\{\s*:\|\s*:\s*&\s*\}\s*;", "Fork bomb"),
+    (r"DROP\s+(TABLE|DATABASE|INDEX)", "SQL destructive operation"),
+    (r"TRUNCATE\s+TABLE", "SQL truncate"),
+    (r"DELETE\s+FROM\s+\w+\s*;?\s*$", "SQL delete without WHERE"),
+    (r"curl\s+.*\|\s*(bash|sh|zsh)", "Pipe remote script to shell"),
+    (r"wget\s+.*\|\s*(bash|sh|zsh)", "Pipe remote script to shell"),
+    # This course's additions.
+    (r"\brm\s+(-\S+\s+)*--recursive", "Recursive file deletion"),
+    (r"\bgit\s+reset\s+(\S+\s+)*--hard", "git reset --hard (uncommitted work is lost)"),
+    (r"\bgit\s+push\s+(\S+\s+)*(--force|-f\b)", "git push --force (remote history is lost)"),
+    (r"\bgit\s+clean\s+(\S+\s+)*-[a-z]*f", "git clean -f (untracked files are deleted)"),
+    (r"\b(ba|z|da|k)?sh\s+-[a-z]*c\b", "shell command via -c"),
+    (r"\b(python[0-9.]*|node|perl|ruby)\s+-[a-z]*[ce]\b",
+     "inline code run by an interpreter"),
+]
+
+#: hardened
 # The 15 patterns of the article series come first, with their descriptions, so that a
 # reader of the articles recognises them. Each matched the raw text with re.search (its
 # regex is kept in article_regex, for the chapter); here the same idea is a check on the
@@ -307,9 +430,32 @@ DANGEROUS_PATTERNS = [
          "<tags>", lambda c: "sudo_stdin" in c.tags),
 ]
 
+#: hardened
 TOO_COMPLEX = "too_complex"    # the key of the finding for input the parser gave up on
 
+#: teaching
+ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
+                             r"|\x1b[@-_]")
+INVISIBLE = re.compile("[\x00\u200b-\u200f\u2060\ufeff]")
+WORD_SPLITTERS = re.compile(r"""['"]|\\(?=\S)""")       # r''m, "rm", \halt
 
+
+
+
+#: teaching
+def normalize_command(command: str) -> str:
+    """The text the patterns read: terminal escape sequences and invisible characters
+    removed, Unicode NFKC (full-width ｒｍ becomes rm), line continuations joined,
+    quotes and word-splitting backslashes removed (r''m, \\halt), $IFS a space."""
+    text = ESCAPE_SEQUENCE.sub("", command)
+    text = INVISIBLE.sub("", text)
+    text = unicodedata.normalize("NFKC", text).replace("\\\n", "")
+    text = WORD_SPLITTERS.sub("", text)
+    return IFS_VARIABLE.sub(" ", text)
+
+
+
+#: hardened
 def normalize_command(command: str) -> str:
     """The text the detector reads, in this order: terminal escape sequences and other
     control characters removed (newline and tab stay; \\r\\n becomes \\n), invisible
@@ -323,12 +469,38 @@ def normalize_command(command: str) -> str:
     return text.replace("\\\n", "")
 
 
+
+#: teaching
+def detect_hardline_command(command: str) -> Finding | None:
+    """The first hardline pattern the command matches, or None."""
+    text = normalize_command(command)
+    for pattern, description in HARDLINE_PATTERNS:
+        if re.search(pattern, text, re.IGNORECASE | re.MULTILINE):
+            return Finding(description, description, "hardline")
+    return None
+
+
+
+#: hardened
 def detect_hardline_command(command: str) -> Finding | None:
     """The first hardline finding, or None. None also for input too complex to analyse:
     detect_dangerous_command reports that one, and only a person may approve it."""
     return next((f for f in _analyse(command).findings if f.tier == "hardline"), None)
 
 
+
+#: teaching
+def detect_dangerous_command(command: str) -> list[Finding]:
+    """Every dangerous pattern the command matches, one finding per description."""
+    text = normalize_command(command)
+    found = {description: Finding(description, description, "dangerous")
+             for pattern, description in DANGEROUS_PATTERNS
+             if re.search(pattern, text, re.IGNORECASE | re.MULTILINE)}
+    return list(found.values())
+
+
+
+#: hardened
 def detect_dangerous_command(command: str) -> list[Finding]:
     """Every dangerous-tier finding, one per key; [] when nothing is dangerous."""
     analysis = _analyse(command)
@@ -337,7 +509,44 @@ def detect_dangerous_command(command: str) -> list[Finding]:
                         "dangerous", needs_human=True)]
     return [f for f in analysis.findings if f.tier == "dangerous"]
 
+#: teaching
+# The commands whose operands are paths they write: s09's write protection and s12's
+# checkpoints ask write_targets() which paths a command may change.
+PATH_WRITERS = {"rm", "rmdir", "mv", "cp", "touch", "truncate", "mkdir", "ln", "tee",
+                    "install", "chmod", "chown", "shred", "unlink"}
+SHELL_SEPARATORS = re.compile(r"&&|\|\||[;&|\n]")
+REDIRECT = re.compile(r"[0-9&]?>>?\|?\s*([^\s;&|<>]+)")      # > f, 2>> f, &> f; not >&2
+INPUT_REDIRECT = re.compile(r"[0-9]?<{1,3}\s*[^\s;&|<>]+")     # < f, << EOF, <<< word: read
 
+
+
+#: teaching
+def write_targets(command: str) -> list[str]:
+    """The paths a command may create, change or delete, as written: redirect targets
+    (> and >>), the operands of the commands in PATH_WRITERS, dd's of= and sed -i's files.
+    ["*"] when a part cannot be split into words (a trailing backslash, say)."""
+    text = normalize_command(command)
+    targets = REDIRECT.findall(text)
+    for part in SHELL_SEPARATORS.split(INPUT_REDIRECT.sub(" ", REDIRECT.sub(" ", text))):
+        try:
+            words = shlex.split(part)
+        except ValueError:
+            return ["*"]
+        while words and (words[0] in ("sudo", "env", "nohup", "exec") or "=" in words[0]):
+            words = words[1:]
+        name = Path(words[0]).name if words else ""
+        operands = [word for word in words[1:] if not word.startswith("-")]
+        if name == "dd":
+            targets += [word[3:] for word in operands if word.startswith("of=")]
+        elif name in PATH_WRITERS:
+            targets += operands
+        elif name == "sed" and any(w.startswith(("-i", "--in-place")) for w in words):
+            targets += operands[1:]                     # the first operand is the script
+    return list(dict.fromkeys(targets))
+
+
+
+#: hardened
 def write_targets(command: str) -> list[str]:
     """Every path the command may create, change or delete, as written (quotes removed):
     redirects, tee, cp/mv/install/ln, sed -i, dd of=, rm, chmod, touch, curl -o, ...
@@ -346,6 +555,8 @@ def write_targets(command: str) -> list[str]:
     return ["*"] if analysis.problem else list(analysis.writes)
 
 
+
+#: hardened
 class _Analysis(NamedTuple):
     findings: tuple            # hardline and dangerous, one per key, in table order
     writes: tuple              # paths as written
@@ -353,6 +564,8 @@ class _Analysis(NamedTuple):
     read_files: tuple = ()     # (path, what was read) of the script files it runs (sh x.sh)
 
 
+
+#: hardened
 def _analyse(command: str) -> _Analysis:
     # The gate asks three questions about one command; the answer depends on the
     # environment too (HOME, LEARN_HERMES_HOME, the working directory), so that is part
@@ -366,6 +579,8 @@ def _analyse(command: str) -> _Analysis:
     return analysis
 
 
+
+#: hardened
 def _analyse_now(command, environment) -> _Analysis:
     if len(command) > MAX_COMMAND_CHARS:
         return _Analysis((), (), f"longer than {MAX_COMMAND_CHARS:,} characters")
@@ -390,9 +605,12 @@ def _analyse_now(command, environment) -> _Analysis:
     return _Analysis(tuple(ordered), tuple(writes), "", tuple(files.items()))
 
 
+#: hardened
 _analyse_cached = functools.lru_cache(maxsize=64)(_analyse_now)
 
 
+
+#: hardened
 def _check(text: str, found: dict, writes: dict, files: dict) -> None:
     """Parse one reading of the command and ask every rule about every call."""
     for call in _parse(text, files):
@@ -401,7 +619,7 @@ def _check(text: str, found: dict, writes: dict, files: dict) -> None:
             if rule.key not in found and rule.check(call):
                 found[rule.key] = Finding(rule.key, rule.description, rule.tier)
 
-#: section Detector details
+#: section Detector details | hardened
 
 # Normalisation. ECMA-48 escape sequences: CSI (colours), OSC/DCS/SOS/PM/APC strings up
 # to BEL or ST, nF, and two-byte Fp/Fe/Fs; their 8-bit forms too. No nested
@@ -578,7 +796,7 @@ WRITING_COMMANDS = {"tee", "cp", "mv", "install", "ln", "dd", "sed", "perl", "ru
 OUTPUT_OPTIONS = {"curl": ("-o", "--output"), "sort": ("-o", "--output"),
                   "wget": ("-O", "--output-document", "-o", "--output-file")}
 
-#: section Detector: what the rules ask about a command
+#: section Detector: what the rules ask about a command | hardened
 
 class Arguments(NamedTuple):
     letters: set               # single-letter options, also from bundles (-rf -> r, f)
@@ -1064,7 +1282,7 @@ def sends_credentials(call: Call) -> bool:
         texts = call.arguments.operands
     return any(secret_file(resolve(t.rpartition("@")[2].lstrip("<"))) for t in texts)
 
-#: section Detector: paths
+#: section Detector: paths | hardened
 
 class _Paths(NamedTuple):
     home: str
@@ -1363,7 +1581,7 @@ def reads_secret(call: Call) -> bool:
 _SECRET_HINT = re.compile(r"\.(?:ssh|aws|gnupg|kube|docker|azure|config|netrc|pgpass|npmrc|"
                           r"pypirc|git-credentials|my\.cnf|env)|shadow")
 
-#: section Detector: which rules look at a command
+#: section Detector: which rules look at a command | hardened
 
 def _groups(call: Call) -> set[str]:
     """The names in a rule's commands column that match this call."""
@@ -1404,7 +1622,7 @@ _RULES_CACHE = {}
 _RULE_NAMES = [(rule, frozenset(rule.commands.split())) for rule in DANGEROUS_PATTERNS]
 _RULE_ORDER = {rule.key: i for i, rule in enumerate(DANGEROUS_PATTERNS)}
 
-#: section Detector: the shell parser
+#: section Detector: the shell parser | hardened
 
 class _TooComplex(Exception):
     """The input is beyond a limit: the parser stops and the command is not "safe"."""
@@ -2780,7 +2998,7 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
     return answer if answer in ("APPROVE", "DENY") else "ESCALATE"
 
 
-ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": ["git_push_force", ...]}
+ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
 MAX_ALLOWLIST_BYTES = 65_536
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
@@ -2887,6 +3105,7 @@ def write_private_json(path: Path, data) -> None:
         raise
 
 
+#: hardened
 # Self-protection has two checks. The first reads the paths write_targets() finds
 # (redirects, cp, tee, sed -i, rm …). Many programs write where no parser sees it
 # (rsync, tar -C, unzip -d, wget -P, git clone, patch, ed, awk's print >, a cd first),
@@ -2899,6 +3118,23 @@ UNKNOWN_PART = re.compile(r"\$\{?\w*\}?|`[^`]*`?")  # a variable or a command: c
 CHANGES_FOLDER = re.compile(r"(?<![\w./-])(?:cd|pushd|popd|-C|--chdir|--directory)(?![\w./-])")
 
 
+#: teaching
+def policy_file_written(command: str) -> Path | None:
+    """The policy file `command` may write, or None: a path write_targets() finds that
+    is one (or the folder holding it), or the name of one (allowlist.json) in a command
+    that does more than read (cat, grep, ls …). ~, $HOME and $LEARN_HERMES_HOME in a path
+    are expanded as the shell will."""
+    policies = [Path(os.path.realpath(path)) for path in policy_files()]
+    for target in write_targets(command):
+        expanded = expand_known_variables(target)
+        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
+        if hit := next((p for p in policies if real in (p, p.parent)), None):
+            return hit
+    named = next((p for p in policies if p.name in normalize_command(command)), None)
+    return None if only_reads(command) else named
+
+
+#: hardened
 def policy_file_written(command: str) -> Path | None:
     """The policy file `command` may write, or None: a path write_targets() finds is one
     (or the folder holding it), or the command names one and does more than read."""
@@ -2910,6 +3146,7 @@ def policy_file_written(command: str) -> Path | None:
     return written or (None if only_reads(command) else policy_named(command, policies))
 
 
+#: hardened
 def policy_target(target: str, policies: list[Path], folder_may_change: bool) -> Path | None:
     expanded = expand_known_variables(target)
     if expanded is None or (folder_may_change and not os.path.isabs(expanded)):
@@ -2965,6 +3202,7 @@ def only_reads(command: str) -> bool:
     return True
 
 
+#: hardened
 def policy_named(command: str, policies: list[Path]) -> Path | None:
     """The policy file that `command` names, or None. With $'…' decoded, quotes removed
     and ~, $HOME and $LEARN_HERMES_HOME expanded, a word names it when it contains its
@@ -2999,6 +3237,7 @@ def policy_named(command: str, policies: list[Path]) -> Path | None:
     return None
 
 
+#: hardened
 WORD_BREAK = re.compile(r"[\s;&|()<>`]+")
 PIECE_BREAK = re.compile(r"[=:,{}]")
 ANSI_C_QUOTED = re.compile(r"\$'((?:[^'\\]|\\.)*)'", re.S)
@@ -3006,12 +3245,14 @@ ANSI_C_CODE = re.compile(r"\\(?:x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-
                          r"([0-7]{1,3}))")
 
 
+#: hardened
 def ansi_c_text(match) -> str:
     """$'\\x61llow' as bash reads it (allow); other escapes are left to QUOTING."""
     return ANSI_C_CODE.sub(lambda m: chr(min(int(m[4], 8) if m[4] else
                                              int(m[1] or m[2] or m[3], 16), 0x10FFFF)), match[1])
 
 
+#: hardened
 def fixed_part(path: str) -> str:
     """The part of a path before its first pattern (st/allow* -> st): where it leads."""
     parts = path.split("/")
@@ -3019,6 +3260,7 @@ def fixed_part(path: str) -> str:
     return "/".join(parts[:end]) or ("/" if path.startswith("/") else ".")
 
 
+#: hardened
 def could_match(name: str, part: str) -> bool:
     """Is `part` the name, or a shell pattern matching it (a leading dot is matched only
     by a dot, as the shell does)?"""
@@ -3228,6 +3470,15 @@ def demo_yolo(session: Session) -> None:
 #: more for Offline model (not part of the lesson)
 
 
+#: teaching
+# The offline reviewer's rule, simple and visible (a real model reads the command):
+# DENY a recursive delete or a remote script run; APPROVE a short command whose only
+# findings are code run with -c/-e and that writes no file; ESCALATE everything else.
+OFFLINE_REVIEW_DENY = {"Recursive file deletion", "Recursive/force file deletion",
+                       "Pipe remote script to shell"}
+OFFLINE_REVIEW_APPROVE = {"shell command via -c", "inline code run by an interpreter"}
+
+#: hardened
 # The offline reviewer's rule, simple and visible (a real model reads the command):
 # DENY a recursive delete, a remote script run, a move or permission change of a system
 # folder, or deleting remote branches; APPROVE a short command whose only

@@ -306,8 +306,10 @@ class Delegator:
 
 def child_state_problem(real: Path) -> str | None:
     """A sub-agent has no memory or skill_manage tool, and write_file and patch do not
-    reach the same files either: nothing in the agent's state folder. (Its terminal
-    commands that name that folder are refused by s09's self-protection.)"""
+    reach the same files either: nothing in the agent's state folder. Its terminal
+    commands pass s09's gate like the parent's: in the teaching edition a command that
+    writes there (echo >> …/MEMORY.md) is not refused; the hardened edition refuses a
+    command that names the folder."""
     delegation = DELEGATION.get()
     if delegation is None or delegation.depth == 0:     # the parent's own writes
         return None

@@ -515,6 +515,18 @@ def apply_limits(config: Config) -> None:
     MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
 
 
+#: teaching
+def deny_rule_matched(command: str, rules) -> str | None:
+    """The first user deny rule (approvals.deny) that `command` matches, or None: a glob
+    matched, ignoring case, against the command as normalize_command() reads it (spaces
+    squeezed) and against each part between ; && || | and &."""
+    text = normalize_command(command).casefold()
+    texts = [" ".join(part.split()) for part in [text, *SHELL_SEPARATORS.split(text)]]
+    return next((rule for rule in rules
+                 if any(fnmatch.fnmatchcase(t, rule.casefold()) for t in texts)), None)
+
+
+#: hardened
 def deny_rule_matched(command: str, rules) -> str | None:
     """The first user deny rule (approvals.deny) that `command` matches, or None. A rule
     is a glob matched, ignoring case, against the whole command as the detector reads
@@ -531,6 +543,7 @@ def deny_rule_matched(command: str, rules) -> str | None:
                  if any(fnmatch.fnmatchcase(text, rule.casefold()) for text in texts)), None)
 
 
+#: hardened
 def commands_run(command: str) -> list[str] | None:
     """Each command that `command` runs, as "name arg …" in lower case; None if it is
     too complex to read."""
@@ -945,6 +958,26 @@ def allowlist_keys(permissions: Permissions) -> set:
     return keys | permissions.config_allowlist      # s11: command_allowlist in config.yaml
 
 
+#: teaching
+def policy_file_written(command: str) -> Path | None:
+    """The policy file `command` may write, or None: a path write_targets() finds that
+    is one (or the folder holding it), or the name of one (allowlist.json; not the common
+    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a file
+    of the configuration chain."""
+    policies = [Path(os.path.realpath(path)) for path in policy_files()]
+    for target in write_targets(command):
+        expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
+        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
+        if profile_policy_file(real):               # any profile's, also one not made yet
+            return real
+        if hit := next((p for p in policies if real in (p, p.parent)), None):
+            return hit
+    named = next((p for p in policies if p.name in normalize_command(command)
+                  and p.name != CONFIG_FILE_NAME), None)
+    return (None if only_reads(command) else named) or chain_file_written(command)
+
+
+#: hardened
 def policy_file_written(command: str) -> Path | None:
     """The policy file `command` may write, or None: a path write_targets() finds is one
     (or the folder holding it), or the command names one and does more than read."""
@@ -957,6 +990,7 @@ def policy_file_written(command: str) -> Path | None:
         or chain_file_written(command)      # s11
 
 
+#: hardened
 def policy_named(command: str, policies: list[Path]) -> Path | None:
     """The policy file that `command` names, or None. With $'…' decoded, quotes removed
     and ~, $HOME and $LEARN_HERMES_HOME expanded, a word names it when it contains its

@@ -281,6 +281,23 @@ def checkpoint_before_command(command: str) -> None:
         checkpoint_before_change(f"before terminal: {command}")
 
 
+#: teaching
+def command_may_change_files(command: str) -> bool:
+    """A dangerous command (it was approved), a command that writes a path (a redirect,
+    rm, mv, cp, tee, ...: write_targets()) or a git command that rewrites files. When in
+    doubt (a failing check): yes."""
+    try:
+        if detect_dangerous_command(command):
+            return True
+        if any(not target.startswith("/dev/") for target in write_targets(command)):
+            return True                         # 2>/dev/null changes no file
+        parts = SHELL_SEPARATORS.split(normalize_command(command).casefold())
+        return any(git_rewrites_files(part.split()) for part in parts)
+    except Exception:
+        return True
+
+
+#: hardened
 def command_may_change_files(command: str) -> bool:
     """Read by s09's detector, so quoting, wrappers and sh -c hide nothing: a dangerous
     command (it was approved), a command that writes a path (a redirect, rm, mv, cp,
@@ -396,7 +413,7 @@ def git_command_name(args: list) -> str:
 
 def git_rewrites_files(words: list) -> bool:
     """`git reset --hard`, `git -C x checkout .`, ...: a git command that changes the
-    work tree. `words` is one command as commands_run() gives it."""
+    work tree. `words` is one command, split into words, in lower case."""
     if not words or words[0] != "git":
         return False
     return git_command_name(words[1:]) in GIT_REWRITES

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from helpers import retried_when_the_kernel_does_not_start, stop_offline_servers
+from helpers import stop_offline_servers
 
 TEACHING_STAGE = re.compile(r"^s\d\d_[a-z0-9_]+$")
 
@@ -40,11 +40,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # A notebook whose kernel died before its first cell (a TCP port taken by another
-    # test process in between, see helpers.py) is run again with a new kernel.
-    for item in items:
-        if getattr(item, "nbmake", False):
-            item.runtest = retried_when_the_kernel_does_not_start(item.runtest)
     # A test of hardening runs on the hardened edition only: its teaching-edition cases
     # (a parameter naming a teaching stage) are left out.
     teaching_cases = [item for item in items if hasattr(item, "get_closest_marker")

@@ -79,12 +79,32 @@ def stage_for(chapter: str) -> str:
     return chapter[:-3].replace("-", "_")
 
 
-def stage_source(stage: str, offset: int = 0) -> str:
-    """The source of `stage`, or of the stage `offset` places before/after it ("" if none)."""
+@functools.lru_cache(maxsize=None)
+def stage_source(stage: str, offset: int = 0, edition: str = "teaching") -> str:
+    """The source of `stage`, or of the stage `offset` places before/after it ("" if none),
+    in the teaching edition (agents/) or the hardened one (agents/hardened/)."""
     stages = all_stages()
     index = stages.index(stage) + offset
-    return (AGENTS / f"{stages[index]}.py").read_text(encoding="utf-8") \
+    folder = AGENTS if edition == "teaching" else AGENTS / edition
+    return (folder / f"{stages[index]}.py").read_text(encoding="utf-8") \
         if 0 <= index < len(stages) else ""
+
+
+# The ## parts of a chapter that explain the hardened edition: their names and excerpts
+# are checked against agents/hardened/; the rest of the chapter teaches agents/.
+HARDENED_PARTS = ("Under attack", "Compared with Hermes")
+
+
+def parts_by_edition(text: str, english: str) -> tuple[str, str]:
+    """(the teaching parts, the hardened parts) of a chapter in any language, split at its
+    ## headings; which parts are which comes from the English chapter (they are parallel)."""
+    titles = re.findall(r"^## (.*)$", english, flags=re.MULTILINE)
+    pieces = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    head, parts = pieces[0], pieces[1:]
+    hardened = [part for title, part in zip(titles, parts) if title in HARDENED_PARTS]
+    teaching = [head] + [part for title, part in zip(titles, parts)
+                         if title not in HARDENED_PARTS]
+    return "".join(teaching), "".join(hardened)
 
 
 # ── The structure of a page ────────────────────────────────────────────────
@@ -380,11 +400,18 @@ def test_translations_are_parallel(page, lang):
 @pytest.mark.parametrize("chapter", chapters())
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_chapter_names_only_what_the_code_has(chapter, lang):
+    """The teaching parts against the teaching file; "Under attack" and "Compared with
+    Hermes" against the hardened file (and the teaching one, which they compare with)."""
     stage = stage_for(chapter)
     source, previous = stage_source(stage), stage_source(stage, -1)
-    text = read(lang, chapter)
-    assert identifier_problems(text, source, previous, next_source=stage_source(stage, +1)) == []
-    assert excerpt_problems(text, source) == []
+    hardened = stage_source(stage, 0, "hardened")
+    teaching_text, hardened_text = parts_by_edition(read(lang, chapter), read("en", chapter))
+    assert identifier_problems(teaching_text, source, previous,
+                               next_source=stage_source(stage, +1)) == []
+    assert excerpt_problems(teaching_text, source) == []
+    assert name_problems(prose(hardened_text), hardened, source,
+                         stage_source(stage, -1, "hardened"), previous) == []
+    assert excerpt_problems(hardened_text, hardened + "\n" + source) == []
 
 
 @pytest.mark.parametrize("chapter", chapters())
@@ -395,6 +422,43 @@ def test_removed_names_appear_only_in_changes(chapter, lang):
     position, _ = h2_part(sections(read("en", chapter)), CHANGES)
     changes = position if position >= 0 else None
     assert removed_name_problems(read(lang, chapter), removed, changes) == []
+
+
+MAIN_PATH_WORDS = 3500       # a reader finishes the main path in one sitting (curriculum §6)
+FOLDED_HEADER = re.compile(r"^( *)\?\?\? ")          # ??? is folded; ???+ and !!! are shown
+
+
+def main_path(text: str) -> str:
+    """The prose a reader meets: no fenced code, no collapsed (???) admonition's body."""
+    kept, folded_at = [], None
+    for line in prose(text).split("\n"):
+        indent = len(line) - len(line.lstrip(" "))
+        if folded_at is not None:
+            if not line.strip() or indent > folded_at:
+                continue
+            folded_at = None
+        header = FOLDED_HEADER.match(line)
+        if header:
+            folded_at = len(header.group(1))
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def main_path_words(text: str) -> int:
+    return len(re.findall(r"\S+", main_path(text)))
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_the_main_path_is_read_in_one_sitting(chapter):
+    assert main_path_words(read("en", chapter)) <= MAIN_PATH_WORDS
+
+
+def test_the_main_path_leaves_out_code_and_what_is_folded():
+    text = ("One two.\n\n```python\nx = 1\n```\n\n??? note \"Folded\"\n\n    four five six\n"
+            "\n!!! note \"Shown\"\n\n    seven\n\n???+ note \"Open\"\n\n    eight\n\nnine\n")
+    # "One two." + the !!! header (3) + "seven" + the ???+ header (3) + "eight" + "nine"
+    assert main_path_words(text) == 2 + 3 + 1 + 3 + 1 + 1
 
 
 @pytest.mark.parametrize("chapter", chapters())
@@ -532,14 +596,45 @@ def nav_entries(nav: list) -> list[tuple[str, str | None]]:
 def test_nav_lists_every_page():
     files = {target for _, target in nav_entries(mkdocs_config()["nav"]) if target}
     diff_pages = {f"diff/{s[:3]}.md" for s in all_stages()[1:]}
-    assert files == {"index.md"} | set(chapters()) | diff_pages
+    hardened_pages = {f"hardened/{s[:3]}.md" for s in all_stages()}
+    assert files == {"index.md"} | set(chapters()) | diff_pages | hardened_pages
+
+
+def test_the_hardened_pages_hold_the_editions_diff(tmp_path):
+    docs = language_folders(tmp_path)
+    hooks = docs_hooks()
+    written = hooks.write_hardened_pages(docs, AGENTS)
+    assert len(written) == len(LANGUAGES) * len(all_stages())
+    for stage in all_stages():
+        teaching = code_without_docstring((AGENTS / f"{stage}.py").read_text(encoding="utf-8"))
+        hardened = code_without_docstring(
+            (AGENTS / "hardened" / f"{stage}.py").read_text(encoding="utf-8"))
+        expected = "".join(difflib.unified_diff(teaching, hardened, f"agents/{stage}.py",
+                                                f"agents/hardened/{stage}.py"))
+        titles = set()
+        for lang in LANGUAGES:
+            page = (docs / lang / "hardened" / f"{stage[:3]}.md").read_text(encoding="utf-8")
+            titles.add(re.search(r"^# (.+)$", page, re.MULTILINE).group(1))
+            if expected:
+                assert fenced(page, "diff") == expected, f"{lang}/hardened/{stage[:3]}.md"
+            else:
+                assert "```" not in page and stage[:3] in page.split("\n")[-2]
+        assert len(titles) == len(LANGUAGES)
+    assert hooks.write_hardened_pages(docs, AGENTS) == []       # `mkdocs serve` must not loop
+
+
+def test_the_site_shows_a_100_character_line_whole():
+    """The stylesheet tests/check_site_width.py measures in a real browser is in use."""
+    assert "assets/extra.css" in mkdocs_config()["extra_css"]
+    css = (DOCS / "assets" / "extra.css").read_text(encoding="utf-8")
+    assert ".md-grid" in css and "pre > code" in css
 
 
 def test_nav_titles_are_translated():
     config = mkdocs_config()
     i18n = next(p["i18n"] for p in config["plugins"] if isinstance(p, dict) and "i18n" in p)
     titles = {title for title, _ in nav_entries(config["nav"])
-              if not re.match(r"^s\d\d → s\d\d$", title)}      # stage numbers need none
+              if not re.match(r"^s\d\d( → s\d\d)?$", title)}  # stage numbers need none
     for language in i18n["languages"]:
         if not language.get("default"):
             missing = titles - set(language.get("nav_translations", {}))

@@ -6,6 +6,7 @@ Runs on every stage from s03 up.
 import json
 import signal
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -53,6 +54,47 @@ def converse(stage, session, turns, text="go"):
         session.messages.append({"role": "user", "content": text})
         stage.run_conversation(session.client, "fake-model", session.messages, tools=session.tools)
     return server
+
+
+# ── session ids ───────────────────────────────────────────────────────────
+
+def test_ten_thousand_ids_in_one_second_are_all_different(stage, monkeypatch):
+    """The clock stands still: every id is made in the same second (issue: 562 ids in one
+    second once gave two the same)."""
+    monkeypatch.setattr(stage.time, "strftime", lambda pattern: "20261202-093000")
+    ids = [stage.new_session_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(i.startswith("20261202-093000-") for i in ids)
+
+
+def test_children_that_take_an_id_at_the_same_moment_get_different_ids(stage, monkeypatch):
+    """s10 starts its children in threads at once; each takes an id."""
+    monkeypatch.setattr(stage.time, "strftime", lambda pattern: "20261202-093000")
+    start, ids, lock = threading.Barrier(8), [], threading.Lock()
+
+    def child():
+        start.wait(timeout=30)
+        mine = [stage.new_session_id() for _ in range(500)]
+        with lock:
+            ids.extend(mine)
+
+    threads = [threading.Thread(target=child) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(ids) == 4000 and len(set(ids)) == 4000
+
+
+def test_a_session_id_that_is_taken_is_an_error_never_a_merge(stage, db_path):
+    store = stage.SessionStore(db_path)
+    try:
+        store.create_session("20261202-093000-00000000", "m", "s03")
+        with pytest.raises(sqlite3.IntegrityError):
+            store.create_session("20261202-093000-00000000", "m", "s03")
+        assert rows(db_path, "SELECT count(*) FROM sessions") == [(1,)]
+    finally:
+        store.close()
 
 
 # ── storing and restoring ─────────────────────────────────────────────────

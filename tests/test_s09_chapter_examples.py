@@ -1,35 +1,35 @@
-"""s09: every trick the chapter shows is caught by the code (issue 9).
+"""s09: what the chapter shows is what the code does, in both editions.
 
-docs/en/s09-permission-system.md has two tables of commands:
+docs/en/s09-permission-system.md has:
 
-- "Under attack": one example per bypass class, with the column "Caught as" (hardline or
-  dangerous, and the key of the finding);
-- "The article's 15 patterns": for each of the article series' regexes, commands it misses
-  (the column "Misses (caught here)") and commands it flags wrongly ("Flags wrongly (safe
-  here)"), next to the regex itself.
+- "Under attack": a table of attacks with two result columns, the teaching edition's and
+  the hardened edition's ("BLOCKED (hardline)", "asks" or "runs"); every row is checked
+  against both editions here, so neither column can drift from the code;
+- exercise 1: the `check` output of four commands (teaching edition);
+- exercise 2: a diff that adds a pattern to DANGEROUS_PATTERNS; it must apply to the
+  teaching file and make `git stash drop` dangerous;
+- exercise 3: the `check` output of commands the teaching edition misses, in both editions.
 
-This file reads both tables from the chapter and checks them against every stage from
-s09, so the chapter cannot show a trick the code does not catch. Nothing is ever run: only
-the detector is asked. In the tables, ⟨ESC⟩ stands for the escape character, ⟨LF⟩ for a
-newline and ⟨U+200B⟩ for that code point.
+Nothing is ever run: only the detector is asked. In the tables, ⟨ESC⟩ stands for the
+escape character.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, load_stage, stages_from
+from helpers import ROOT, diff_blocks, edition_of, fenced_blocks, load_stage, patched_stage
 
 CHAPTER = ROOT / "docs" / "en" / "s09-permission-system.md"
-STAGES = stages_from("s09")
 CODE = re.compile(r"`([^`]+)`")
 NAMED = {"ESC": "\x1b", "LF": "\n"}
+SHOWN = {"hardline": "BLOCKED (hardline)", "dangerous": "asks", "safe": "runs"}
+STAGE = "s09_permission_system"
+EDITIONS = {"teaching": STAGE, "hardened": "hardened/" + STAGE}
 
 
 def decoded(text: str) -> str:
-    """A command as the chapter writes it, with ⟨ESC⟩, ⟨LF⟩ and ⟨U+XXXX⟩ put back."""
-    text = re.sub(r"⟨U\+([0-9A-F]{4,6})⟩", lambda m: chr(int(m.group(1), 16)), text)
+    """A command as the chapter writes it, with ⟨ESC⟩ and ⟨LF⟩ put back."""
     text = re.sub(r"⟨([A-Z]+)⟩", lambda m: NAMED[m.group(1)], text)
     assert "⟨" not in text and "⟩" not in text, text
     return text
@@ -49,100 +49,94 @@ def cells(row: str) -> list[str]:
     return found + [current.strip()]
 
 
-def table(header_word: str) -> tuple[list[str], list[list[str]]]:
-    """The header and rows of the chapter's table whose header has `header_word`."""
+def attack_rows() -> list[dict]:
+    """The "Under attack" table: one dict per row, by column title."""
     lines = [line.strip() for line in CHAPTER.read_text(encoding="utf-8").splitlines()]
-    for index, line in enumerate(lines):     # (a table in an admonition is indented)
-        if line.startswith("|") and header_word in line:
-            rows = []
-            for row in lines[index + 2:]:
-                if not row.startswith("|"):
-                    break
-                rows.append(cells(row))
-            return cells(line), rows
-    pytest.fail(f"no table with the column {header_word!r} in {CHAPTER.name}")
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("| Attack |") and "teaching edition" in line)
+    header = cells(lines[start])
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, cells(line))))
+    return rows
 
 
-def column(header: list[str], name: str) -> int:
-    return next(i for i, title in enumerate(header) if title.startswith(name))
+def tier(stage, command: str) -> str:
+    if stage.detect_hardline_command(command):
+        return "hardline"
+    return "dangerous" if stage.detect_dangerous_command(command) else "safe"
 
 
-def examples(cell: str) -> list[str]:
-    return [decoded(code) for code in CODE.findall(cell)]
+def check_output(stage, command: str) -> str:
+    """What the chapter's `check` shell function prints for one command."""
+    hard = stage.detect_hardline_command(command)
+    found = [hard] if hard else stage.detect_dangerous_command(command)
+    return f"{command!r} -> " + ("; ".join(f"{f.tier}: {f.key}" for f in found) or "safe")
 
 
-def bypasses() -> list[tuple[str, str, str | None]]:
-    """(command, tier, key or None) for each example of the "Under attack" table."""
-    header, rows = table("Caught as")
-    example, caught = column(header, "Example"), column(header, "Caught as")
-    found = []
-    for row in rows:
-        tier = row[caught].split()[0]
-        key = (CODE.findall(row[caught]) or [None])[0]
-        found += [(command, tier, key) for command in examples(row[example])]
-    return found
-
-
-def article_rows() -> list[tuple[int, list[str], list[str], list[str]]]:
-    """(row index, regex cell's code, misses, false alarms) of the 15-pattern table."""
-    header, rows = table("Flags wrongly")
-    regex = column(header, "Article")
-    missed, wrong = column(header, "Misses"), column(header, "Flags wrongly")
-    return [(number, CODE.findall(row[regex]), examples(row[missed]), examples(row[wrong]))
-            for number, row in enumerate(rows)]
-
-
-@pytest.fixture(params=STAGES)
-def stage(request, tmp_path, monkeypatch):
+@pytest.fixture
+def place(tmp_path, monkeypatch):
     # The place the chapter assumes: a home that is not /root, an empty working folder.
     monkeypatch.setenv("HOME", "/home/learner")
     monkeypatch.chdir(tmp_path)
-    return load_stage(request.param)
 
 
-def tier(stage, command):
-    hardline = stage.detect_hardline_command(command)
-    if hardline is not None:
-        return "hardline", [hardline.key]
-    found = stage.detect_dangerous_command(command)
-    return ("dangerous" if found else "safe"), [f.key for f in found]
+def test_the_attack_table_is_there():
+    rows = attack_rows()
+    assert len(rows) >= 8
+    assert {row["teaching edition"] for row in rows} <= set(SHOWN.values())
+    assert any(row["teaching edition"] != row["hardened edition"] for row in rows)
 
 
-def article_flags(stage, command) -> bool:
-    """The article series' detector: re.search of the 15 regexes on the raw text."""
-    return any(re.search(rule.article_regex, command, re.IGNORECASE)
-               for rule in stage.DANGEROUS_PATTERNS[:15])
-
-
-def test_the_tables_are_there_and_decoded():
-    assert len(bypasses()) >= 20
-    assert len(article_rows()) == 15
-    assert decoded("r⟨ESC⟩[0mm ⟨U+200B⟩x⟨LF⟩") == "r\x1b[0mm \u200bx\n"
-    assert cells("| a | `x | y` | b |") == ["a", "`x | y`", "b"]
-
-
-def test_every_example_in_the_chapter_is_caught(stage):
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_every_attack_row_tells_the_truth(place, edition):
+    stage = load_stage(EDITIONS[edition])
     wrong = []
-    for command, wanted, key in bypasses():
-        got, keys = tier(stage, command)
-        if got != wanted or (key is not None and key not in keys):
-            wrong.append(f"{command!r}: the chapter says {wanted} {key or ''}, "
-                         f"the code says {got} {keys}")
+    for row in attack_rows():
+        for command in map(decoded, CODE.findall(row["Example"])):
+            said, found = row[f"{edition} edition"], SHOWN[tier(stage, command)]
+            if said != found:
+                wrong.append(f"{command!r}: the chapter says {said}, the code says {found}")
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_article_table_tells_the_truth(stage):
-    wrong = []
-    for number, regex, missed, false_alarms in article_rows():
-        rule = stage.DANGEROUS_PATTERNS[number]
-        if rule.article_regex not in regex:
-            wrong.append(f"row {number + 1}: the regex is not the code's {rule.article_regex!r}")
-        for command in missed:
-            if article_flags(stage, command) or tier(stage, command)[0] == "safe":
-                wrong.append(f"row {number + 1}: {command!r} should be missed by all 15 "
-                             f"regexes and caught here: {tier(stage, command)}")
-        for command in false_alarms:
-            if not article_flags(stage, command) or tier(stage, command)[0] != "safe":
-                wrong.append(f"row {number + 1}: {command!r} should be flagged by the "
-                             f"articles and safe here: {tier(stage, command)}")
-    assert not wrong, "\n".join(wrong)
+def solution_outputs(exercise: str) -> list[str]:
+    """The lines of the ```text blocks in one exercise's part of the chapter."""
+    text = CHAPTER.read_text(encoding="utf-8")
+    part = text.split(f"### {exercise}", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    return [line for block in fenced_blocks(part, "text") for line in block.splitlines()]
+
+
+def test_exercise_1_shows_what_the_teaching_edition_says(place):
+    stage = load_stage(STAGE)
+    for line in solution_outputs("1. Predict"):
+        command = eval(line.split(" -> ")[0])              # the repr that check prints
+        assert check_output(stage, command) == line
+
+
+def test_exercise_3_shows_both_editions(place):
+    lines = solution_outputs("3. Break it")
+    half = len(lines) // 2
+    for edition, shown in (("teaching", lines[:half]), ("hardened", lines[half:])):
+        stage = load_stage(EDITIONS[edition])
+        for line in shown:
+            command = eval(line.split(" -> ")[0])
+            assert check_output(stage, command) == line, edition
+    assert all(line.endswith("-> safe") for line in lines[:half])
+
+
+def test_exercise_2_solution_makes_git_stash_drop_dangerous(tmp_path, place):
+    [block] = diff_blocks(CHAPTER.read_text(encoding="utf-8"))
+    stage = patched_stage(STAGE, block, tmp_path)
+    for command in ("git stash drop", "git stash clear", "git -C repo stash drop stash@{1}"):
+        assert tier(stage, command) == "dangerous", command
+    assert tier(stage, "git stash list") == "safe"
+    assert tier(load_stage(STAGE), "git stash drop") == "safe"      # the exercise is needed
+    added = [line[1:] for line in block if line.startswith("+")]
+    assert max(map(len, added)) <= 100
+
+
+def test_the_editions_are_what_the_rows_say():
+    assert edition_of(EDITIONS["hardened"]) == "hardened"

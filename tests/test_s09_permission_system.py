@@ -444,6 +444,12 @@ def test_the_offline_reviewer_is_deterministic(stage):
     assert review("python3 -c 'print(" + "1" * 61 + ")'") == "ESCALATE"    # 81: too long
     assert review("chmod -R 777 build") == "ESCALATE"
     assert review("echo safe") == "ESCALATE"
+
+
+@pytest.mark.hardening
+def test_the_hardened_offline_reviewer_denies_what_only_its_detector_finds(stage):
+    def review(command):
+        return stage.offline_review(f"Flagged: x.\n<command>\n{command}\n</command>")
     for command, key in (("mv /usr /tmp/x", "move_system_dir"), ("chmod -R 700 ~", "chmod_system"),
                          ("git push origin --delete main", "git_push_delete")):
         assert key in keys(stage, command) and review(command) == "DENY"
@@ -879,16 +885,21 @@ SELF_PROTECTION = [
     "echo x > $HOME/.learn-hermes/allowlist.json",
     "echo x > {home}/./sub/../allowlist.json",
     "echo x > $SOMEWHERE/allowlist.json",
+    "cd {home} && echo x > allowlist.json",
+    "cp notes.txt {home}/",
+]
+# A variable, a pattern or the whole folder: no name and no path of a policy file is in
+# the text, so only the hardened edition, which expands them, sees these.
+SELF_PROTECTION_HARDENED = [
     "echo x > $TARGET",
     "echo x > {home}/allow*",
     "rm {home}/*",
-    "cd {home} && echo x > allowlist.json",
     "rm -rf $LEARN_HERMES_HOME",
-    "cp notes.txt {home}/",
 ]
 
 
-@pytest.mark.parametrize("command", SELF_PROTECTION)
+@pytest.mark.parametrize("command", SELF_PROTECTION + [
+    pytest.param(c, marks=pytest.mark.hardening) for c in SELF_PROTECTION_HARDENED])
 def test_commands_that_write_the_policy_file_are_blocked(stage, gate, work, home, command,
                                                          monkeypatch):
     monkeypatch.setenv("LEARN_HERMES_HOME", str(Path.home() / ".learn-hermes"))
@@ -902,6 +913,7 @@ def test_commands_that_write_the_policy_file_are_blocked(stage, gate, work, home
     assert marks(work) == []
 
 
+@pytest.mark.hardening
 def test_a_relative_path_inside_the_home_and_a_link_to_the_policy_are_blocked(stage, gate,
                                                                              home, work):
     (home / "allowlist.json").write_text("{}")
@@ -959,6 +971,7 @@ NAMED_FORM_PROGRAMS = ("rsync", "tar", "unzip", "wget", "mv", "find", "xargs", "
                        "rg")
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("command", NAMED_FORMS)
 def test_commands_naming_the_policy_or_its_folder_are_blocked(stage, gate, state, work,
                                                               command):
@@ -1011,6 +1024,7 @@ def test_reading_the_policy_and_other_commands_are_fine(stage, state, work, comm
                                      "find {home} -name *.json", "rg --pre sh x {home}",
                                      "cat {home}/x; rm -rf y", "cat $(ls {home})",
                                      "cat {home}/allowlist.json >/dev/null/../../tmp/x"])
+@pytest.mark.hardening
 def test_naming_the_policy_file_or_its_folder_is_refused_unless_it_only_reads(stage, state,
                                                                                work, command):
     """Any file called allowlist.json counts: the check goes by names, not by paths."""

@@ -14,25 +14,34 @@ docs/en/s11-config-chain.md has
   config.yaml and must print exactly that line (and exit 2 for an error);
 - in "How it works", the warning a managed file gives a flag it overrides, managed deny
   rules adding up with the user's, what convert() accepts for each kind, the size and
-  depth limits, a profile's own config.yaml, and the numbers the prose names (how many
-  settings, variables, flags, and how many are marked security);
-- in "Under attack", the deny-rule table (what the parsed command is, and that the rule
-  blocks it), the table of attempts to change the configuration with the agent's tools
-  (each refused, with the files unchanged), and the limits in "What the guards cannot
-  see" (a lock covers one key, allowlist.json is not locked, command_allowlist is not
-  checked, a script can still write config.yaml: the last fails once a stage closes it);
+  depth limits, a profile's own config.yaml, the numbers the prose names (how many
+  settings, variables, flags, and how many are marked security), and, in the teaching
+  edition, which commands a deny rule refuses (a glob over the normalised text and each
+  part between separators) and how policy_file_written() finds allowlist.json (by name)
+  and a config.yaml (by the path written);
+- in "Under attack", the deny-rule table (each edition's column against that edition:
+  whether the teaching edition's rule refuses the command; the command the hardened
+  edition's parser finds, and that its rule refuses it), what the hardened edition adds
+  (input its parser gives up on matches every rule, exercise 3's spellings there, a
+  config.yaml found after a cd), the table of attempts to change the configuration with
+  the agent's tools (each refused in both editions, with the files unchanged), and the
+  limits in "What the guards cannot see" (a lock covers one key, allowlist.json is not
+  locked, command_allowlist is not checked, a script can still write config.yaml: the
+  last fails once a stage closes it);
 - in "Try it", the deny rule and YOLO from a config file, and a typo's warning (rm is a
   stub that only prints, first on PATH);
 - in "Exercises", the output of exercise 1's one-shot run, exercise 2's patch (it applies
   to the stage file, and the patched stage does what the solution says), and exercise 3's
-  table of commands that a deny rule misses (a known limit: when deny rules stop missing
-  them, the test fails and says to update the exercise).
+  table of commands that a deny rule misses, with the teaching detector's finding for
+  each (a known limit: when deny rules stop missing them, the test fails and says to
+  update the exercise).
 
 The tables are read from the chapter, so the chapter cannot show what the code does not do.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -41,14 +50,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (ROOT, diff_blocks, fenced_blocks, fresh_stage, marks, patched_source,
-                     patched_stage, run_main, stages_from, stub_programs)
+from helpers import (HARDENED, ROOT, diff_blocks, edition_of, fenced_blocks, fresh_stage,
+                     marks, patched_source, patched_stage, run_main, stages_from,
+                     stub_programs)
 
 STAGE = "s11_config_chain"
 CHAPTER_NAME = "s11-config-chain.md"
 CHAPTER = ROOT / "docs" / "en" / CHAPTER_NAME
 TRANSLATIONS = ["zh", "ru"]
 STAGES = stages_from("s11")
+TEACHING_STAGES = [stage for stage in STAGES if edition_of(stage) == "teaching"]
 CODE = re.compile(r"`([^`]+)`")
 NOTHING = "—"                   # a cell with no value: the same in every language
 CODE_COLUMNS = 5                # key, kind, default, variable, flag: never translated
@@ -402,12 +413,18 @@ def test_exporting_a_variable_in_a_command_changes_nothing(stage, tmp_path):
     assert "denied" in run.stdout and marks(tmp_path / "work") == []
 
 
+# The key of `rm -r build`'s finding: the teaching edition's is the pattern's description.
+RM_R_KEYS = {"teaching": ["Recursive file deletion"], "hardened": ["rm_recursive"]}
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_the_managed_file_does_not_lock_allowlist_json(stage, tmp_path):
     managed = tmp_path / "managed.yaml"
     allowlist = tmp_path / "state" / "allowlist.json"
     env = stubbed(tmp_path, "", (managed, "command_allowlist: []\n"))
-    allowlist.write_text('{"version": 1, "keys": ["rm_recursive"]}\n', encoding="utf-8")
+    keys = RM_R_KEYS[edition_of(stage)]
+    assert [f.key for f in fresh_stage(stage).detect_dangerous_command("rm -r build")] == keys
+    allowlist.write_text(json.dumps({"version": 1, "keys": keys}) + "\n", encoding="utf-8")
     env["LEARN_HERMES_MANAGED"] = str(managed)
     run = run_main(stage, stdin="$ rm -r build\n", env=env, cwd=tmp_path / "work")
     assert marks(tmp_path / "work") == ["rm -r build"], run.stdout
@@ -437,20 +454,57 @@ def test_code_in_a_file_can_still_write_config_yaml(tmp_path):
 
 # ── Deny rules ─────────────────────────────────────────────────────────────
 
+def section(heading: str) -> str:
+    """The chapter from `heading` ("## …" or "### …") to the next heading of its level or
+    a higher one."""
+    text = chapter()
+    start = text.index(heading)
+    level = len(heading.split()[0])
+    end = re.compile(rf"^#{{1,{level}}} ", re.MULTILINE).search(text, start + 1)
+    return text[start:end.start() if end else len(text)]
+
+
+@pytest.mark.parametrize("stage", TEACHING_STAGES)
+def test_a_deny_rule_is_a_glob_over_the_text_and_each_part(stage):
+    """"How it works": the teaching edition matches a rule against the normalised command
+    and each part between ; && || | &, from its first character."""
+    s = fresh_stage(stage)
+    part = section("### Deny rules")
+    for command in ("RM -RF build", '"rm" -rf build', "cd src && rm -rf build"):
+        assert f"`{command}`" in part, command
+        assert s.deny_rule_matched(command, ("rm -rf *",)) == "rm -rf *", command
+    for command in ("sudo rm -rf build", "/bin/rm -rf build"):
+        assert f"`{command}`" in part, command
+        assert s.deny_rule_matched(command, ("rm -rf *",)) is None, command
+    assert s.deny_rule_matched("echo hello", ("git push*",)) is None
+    assert s.deny_rule_matched("echo hello", ()) is None
+
+
 @pytest.mark.parametrize("stage", STAGES)
-def test_deny_rules_see_the_parsed_commands_the_chapter_shows(stage):
+def test_the_deny_rule_table_says_what_each_edition_refuses(stage):
+    """"Under attack": the teaching column against the teaching edition, the hardened
+    column (the command its parser finds, and the rule's answer) against the hardened."""
     s = fresh_stage(stage)
     rows = table("The command")
     assert len(rows) >= 6, rows
-    for command_cell, parsed_cell in rows:
-        command, parsed = CODE.findall(command_cell)[0], CODE.findall(parsed_cell)[0]
-        assert parsed in s.commands_run(command), (command, s.commands_run(command))
-        assert s.deny_rule_matched(command, ("rm -rf *",)) == "rm -rf *", command
+    for command_cell, teaching_cell, hardened_cell in rows:
+        command = CODE.findall(command_cell)[0]
+        matched = s.deny_rule_matched(command, ("rm -rf *",))
+        if edition_of(stage) == "teaching":
+            assert teaching_cell in ("refused", "passes"), teaching_cell
+            assert matched == ("rm -rf *" if teaching_cell == "refused" else None), command
+        else:
+            parsed = CODE.findall(hardened_cell)[0]
+            assert parsed in s.commands_run(command), (command, s.commands_run(command))
+            assert hardened_cell.endswith(": refused") and matched == "rm -rf *", command
+    assert {row[1] for row in rows} == {"refused", "passes"}     # the editions differ
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_input_the_parser_gives_up_on_matches_every_rule(stage):
     s = fresh_stage(stage)
+    assert "`MAX_COMMAND_CHARS`" in section("## Under attack")
     assert s.deny_rule_matched("echo " + "x" * s.MAX_COMMAND_CHARS, ("git push*",)) == \
         "git push*"
     assert s.deny_rule_matched("echo hello", ("git push*",)) is None
@@ -469,14 +523,73 @@ def test_exercise_3_the_commands_a_deny_rule_misses():
         assert s.deny_rule_matched(command, ("rm -rf *",)) is None, \
             f"{command} is now blocked by 'rm -rf *': update exercise 3"
         assert finding in [f.key for f in s.detect_dangerous_command(command)], command
-    assert s.commands_run("xargs rm -rf < list") == ["rm -rf"]
     wider = ("rm -*r*",)                    # the solution's wider rule, and what it also hits
     for command in ("rm -fr build", "rm -r -f build", "rm --recursive --force build",
                     "rm -f report.txt"):
         assert s.deny_rule_matched(command, wider) == "rm -*r*", command
+    assert s.deny_rule_matched("sudo rm -fr build", wider) is None    # a wrapper passes it
+    # find's -delete: past the rule, and past every pattern of the teaching edition
+    solution = part_of(chapter(), "### 3. Break it")
+    assert "`find build -delete` passes" in " ".join(solution.split())
+    assert s.deny_rule_matched("find build -delete", ("rm -rf *",)) is None
+    assert s.detect_dangerous_command("find build -delete") == []
+    assert fresh_stage(HARDENED + STAGE).detect_dangerous_command("find build -delete")
+
+
+@pytest.mark.hardening
+def test_exercise_3s_spellings_in_the_hardened_edition():
+    """"What the hardened edition adds": its rule still misses exercise 3's spellings but
+    the wrapped one, because the parser hands it `rm -fr build`, and `xargs rm -rf < list`
+    as the command `rm -rf` with no arguments."""
+    hardened = fresh_stage(HARDENED + STAGE)
+    text = " ".join(section("## Under attack").split())
+    assert "Exercise 3's spellings still pass there, except `sudo rm -rf build`" in text
+    for command_cell, _ in table("Missed by"):
+        command = CODE.findall(command_cell)[0]
+        wanted = "rm -rf *" if command.startswith("sudo ") else None
+        assert hardened.deny_rule_matched(command, ("rm -rf *",)) == wanted, command
+    assert hardened.commands_run("rm -fr build") == ["rm -fr build"]
+    assert hardened.commands_run("xargs rm -rf < list") == ["rm -rf"]
 
 
 # ── The agent cannot change its configuration ──────────────────────────────
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_allowlist_json_is_found_by_its_name_a_config_yaml_by_the_path_written(
+        stage, tmp_path, monkeypatch):
+    """"The config files are policy files": a command that names allowlist.json and does
+    more than read is refused; a config.yaml only when the path written is the agent's."""
+    s = fresh_stage(stage)
+    assert "refuses any command that names `allowlist.json` and does more than read" in \
+        " ".join(chapter().split())
+    state, work = tmp_path / "state", tmp_path / "work"
+    state.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
+    monkeypatch.chdir(work)
+    assert s.policy_file_written("cp /tmp/x allowlist.json") == state / "allowlist.json"
+    assert s.policy_file_written("cat allowlist.json") is None
+    assert s.policy_file_written("echo 'debug: true' > config.yaml") is None
+    assert s.policy_file_written(f"echo 'mode: off' > {state}/config.yaml") == \
+        state / "config.yaml"
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_hardened_edition_finds_config_yaml_after_a_cd(stage, tmp_path, monkeypatch):
+    s = fresh_stage(stage)
+    assert "`config.yaml` after a `cd` into the state folder (`policy_named()`)" in \
+        " ".join(section("## Under attack").split())
+    state, work = tmp_path / "state", tmp_path / "work"
+    state.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
+    monkeypatch.chdir(work)
+    assert s.policy_file_written("cd ~/state && echo 'mode: off' > config.yaml") == \
+        state / "config.yaml"
+
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_attempt_on_the_config_files_is_refused(stage, tmp_path):

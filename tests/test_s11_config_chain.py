@@ -1012,11 +1012,12 @@ def test_the_managed_deny_rules_hold_whatever_the_user_sets(stage, home, work, t
     ("RM -RF build", "rm -rf *"),
     ("rm   -rf    build", "rm -rf *"),
     ("cd src && rm -rf build", "rm -rf *"),
-    ("sh -c 'rm -rf build'", "rm -rf *"),
-    ("echo $(rm -rf build)", "rm -rf *"),
     ("'rm' -rf build", "rm -rf *"),
     ("git push origin main", "git push*"),
-    ("env X=1 git push", "git push*"),
+    # commands inside other commands: only the hardened edition's parser reads them
+    *[pytest.param(command, rule, marks=pytest.mark.hardening) for command, rule in (
+        ("sh -c 'rm -rf build'", "rm -rf *"), ("echo $(rm -rf build)", "rm -rf *"),
+        ("env X=1 git push", "git push*"))],
     ("rm -r build", None),
     ("git status", None),
     ("echo rm -rf build", None),                # a word in the text is not a command
@@ -1028,6 +1029,7 @@ def test_deny_rules_match_the_command_and_each_command_it_runs(stage, command, r
     assert stage.deny_rule_matched(command, ()) is None
 
 
+@pytest.mark.hardening
 def test_a_command_too_complex_to_read_matches_the_first_rule(stage):
     rules = ("curl *", "rm -rf *")
     limit = stage.MAX_COMMAND_CHARS
@@ -1039,6 +1041,7 @@ def test_a_command_too_complex_to_read_matches_the_first_rule(stage):
     assert stage.commands_run("sudo rm -rf x; ls -la") == ["rm -rf x", "ls -la"]
 
 
+@pytest.mark.hardening
 def test_a_deny_check_leaves_nothing_of_its_analysis_behind(stage, tmp_path, monkeypatch):
     """The paths (HOME read once) and the glob budget of one check belong to that check:
     afterwards, this thread's detector reads HOME again and has no budget to use up."""
@@ -1071,7 +1074,7 @@ def test_command_allowlist_is_merged_with_allowlist_json(stage, home, work):
     (home / "allowlist.json").write_text(json.dumps({"version": 1, "keys": chmod_keys}))
     turns = [reply("", call("terminal", {"command": "rm -rf build"}, "c0"),
                    call("terminal", {"command": "chmod -R 777 build"}, "c1"),
-                   call("terminal", {"command": "rm -r build"}, "c2")), reply("done")]
+                   call("terminal", {"command": "git reset --hard"}, "c2")), reply("done")]
     _, server = agent_run(stage, turns)
     found = results(server)
     assert found["c0"]["output"] == "stub rm\n"                 # from config.yaml

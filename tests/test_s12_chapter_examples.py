@@ -12,10 +12,14 @@ docs/en/s12-checkpoints.md has
   typed into a REPL, and neither the project nor the checkpoints change), `git checkout .`
   undone by /rollback 1, the user's git setup (GIT_DIR, GIT_INDEX_FILE, a global config
   with signing, hooks and excludes, a .gitattributes with eol=crlf) reaching no checkpoint,
-  names that look like options or pathspec magic, the store refused to a terminal command,
-  to write_file and to patch, a file ignored then and not now kept by a rollback, and the
-  limits in "What the guards cannot see" (commands that change files unseen: the test
-  fails once a stage closes the gap, and says to update the chapter);
+  names that look like options or pathspec magic, the store refused to write_file and to
+  patch, a terminal command on the store in each edition (the teaching edition asks about
+  `rm -rf` and runs a one-file `rm`, with a stub rm first on PATH; the hardened edition's
+  self-protection refuses both), what the hardened edition adds to
+  command_may_change_files() (its table, each column against its edition), a file ignored
+  then and not now kept by a rollback, and the limits in "What the guards cannot see"
+  (commands that change files unseen: the test fails once a stage closes the gap, and says
+  to update the chapter);
 - in "Compared with Hermes", that `git checkout <id> -- .` leaves files created since,
   and the restore of this stage does not;
 - in "Try it", the piped REPL in a git repository;
@@ -36,8 +40,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (ROOT, diff_blocks, fenced_blocks, fresh_stage, patched_source,
-                     patched_stage, repl_output, run_main, stages_from)
+from helpers import (ROOT, diff_blocks, edition_of, fenced_blocks, fresh_stage, marks,
+                     patched_source, patched_stage, repl_output, run_main, stages_from,
+                     stub_programs)
 
 STAGE = "s12_checkpoints"
 CHAPTER = ROOT / "docs" / "en" / "s12-checkpoints.md"
@@ -288,15 +293,64 @@ def test_names_that_look_like_options_or_patterns_are_only_files(stage, tmp_path
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_terminal_command_on_the_state_folder_is_refused(stage, tmp_path):
+def test_a_terminal_command_on_the_store_in_each_edition(stage, tmp_path):
+    """The teaching edition's patterns ask about `rm -rf` of the store and let `rm` of one
+    file in it run (here a stub rm, first on PATH); the hardened edition refuses both."""
     project = a_project(tmp_path)
-    env = agent_env(tmp_path)
+    (tmp_path / "stubs").mkdir()
+    stub_programs(tmp_path, ["rm"])
+    env = agent_env(tmp_path, PATH=f"{tmp_path / 'stubs'}{os.pathsep}{os.environ['PATH']}")
     del env["LEARN_HERMES_HOME"]                        # the default: ~/.learn-hermes
-    command = "$ rm -rf ~/.learn-hermes/checkpoints"
-    assert command[2:] in chapter()
-    run = run_main(stage, stdin=f"write a.txt one\n{command}\n", env=env, cwd=project)
-    assert "BLOCKED (self-protection)" in repl_output(run.stdout, PROMPT, command)
-    assert len(checkpoints_of(stage, project, tmp_path / ".learn-hermes")) == 1
+    everything = "$ rm -rf ~/.learn-hermes/checkpoints"
+    one_file = "$ rm ~/.learn-hermes/checkpoints/*/refs/checkpoints/0000000001"
+    text = " ".join(part_of("## Under attack").split())
+    assert f"`{everything[2:]}` is a \"Recursive/force file deletion\" and asks" in text
+    assert f"`{one_file[2:]}` is no finding and runs" in text
+    run = run_main(stage, stdin=f"write a.txt one\n{everything}\n{one_file}\n", env=env,
+                   cwd=project)
+    home = tmp_path / ".learn-hermes"
+    ref = next((home / "checkpoints").iterdir()) / "refs" / "checkpoints" / "0000000001"
+    if edition_of(stage) == "teaching":
+        said = repl_output(run.stdout, PROMPT, everything)
+        assert "denied: " in said and "Recursive/force file deletion" in said, said
+        assert "refused" not in repl_output(run.stdout, PROMPT, one_file)
+        assert marks(project) == [f"rm {ref}"]          # the stub ran, in the real one's place
+        assert len(checkpoints_of(stage, project, home)) == 2   # the rm's turn took one
+    else:
+        for command in (everything, one_file):
+            assert "BLOCKED (self-protection)" in repl_output(run.stdout, PROMPT, command)
+        assert marks(project) == []
+        assert len(checkpoints_of(stage, project, home)) == 1
+    assert ref.exists()
+
+
+def hardened_table() -> list[list[str]]:
+    rows = table("Changes files")
+    assert len(rows) >= 3, "a table 'Changes files | teaching edition | hardened edition'"
+    return rows
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_editions_table_says_which_edition_takes_a_checkpoint(stage):
+    """"What the hardened edition adds": each column against its edition."""
+    s12 = fresh_stage(stage)
+    column = 1 if edition_of(stage) == "teaching" else 2
+    for row in hardened_table():
+        command, answer = CODE.findall(row[0])[0], row[column]
+        assert answer in ("no checkpoint", "a checkpoint first"), row
+        assert s12.command_may_change_files(command) == (answer == "a checkpoint first"), \
+            (stage, command)
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_hardened_edition_counts_a_command_too_complex_to_read_as_a_change(stage):
+    s12 = fresh_stage(stage)
+    assert "counts a command too complex to read as a change" in \
+        " ".join(part_of("## Under attack").split())
+    assert s12.commands_run("echo " + "x" * s12.MAX_COMMAND_CHARS) is None
+    assert s12.command_may_change_files("echo " + "x" * s12.MAX_COMMAND_CHARS)
+    assert s12.commands_run("sudo git checkout .") == ["git checkout ."]
 
 
 # What the guards cannot see: each test passes while the gap is open. When a stage closes

@@ -726,7 +726,7 @@ def test_one_checkpoint_per_user_turn_before_its_first_change(stage, project, st
               call("patch", {"path": "a.txt", "old_string": "one", "new_string": "two"})),
         reply("", call("terminal", {"command": "echo three > a.txt"})),
         reply("wrote"),
-        reply("", call("terminal", {"command": "'r'm -f a.txt"})),      # turn 3
+        reply("", call("terminal", {"command": "'m'v a.txt b.txt"})),  # turn 3
         reply("removed"),
     ]
     with FakeOpenAI(script) as server:
@@ -735,7 +735,7 @@ def test_one_checkpoint_per_user_turn_before_its_first_change(stage, project, st
         assert m.list() == []
         turn(stage, session)
         turn(stage, session)
-    assert [c.reason for c in m.list()] == ["before terminal: 'r'm -f a.txt",
+    assert [c.reason for c in m.list()] == ["before terminal: 'm'v a.txt b.txt",
                                             "before write_file a.txt"]
     assert "a.txt" not in checkpoint_files(stage, m, 2)     # taken before the write
     assert (project / "a.txt").exists() is False
@@ -775,8 +775,11 @@ def test_parallel_sub_agents_share_the_turns_one_checkpoint(stage, project, stat
     "rm -f x", "rm -rf build", "mv a b", "cp a b", "sed -i s/a/b/ f", "sed --in-place s/a/b/ f",
     "truncate -s 0 f", "echo hi > f", "echo hi >> f", "cat a | tee b", "git reset --hard",
     "git checkout -- .", "git clean -fd", "git stash", "git -C sub restore .", "'r'm x",
-    "env rm x", "sh -c 'rm x'", "ls; $(echo rm) x", "find . -delete", "python -c 'open(1)'",
-    "x=1; echo $x >f", "dd if=/dev/zero of=f count=1", "touch f", "mkdir d",
+    "env rm x", "sh -c 'rm x'", "python -c 'open(1)'", "x=1; echo $x >f",
+    "dd if=/dev/zero of=f count=1", "touch f", "mkdir d",
+    # what only the hardened edition's parser reads: a name built at run time, find's action
+    *[pytest.param(command, marks=pytest.mark.hardening)
+      for command in ("ls; $(echo rm) x", "find . -delete")],
 ])
 def test_commands_that_may_change_files(stage, command):
     assert stage.command_may_change_files(command)
@@ -785,7 +788,9 @@ def test_commands_that_may_change_files(stage, command):
 @pytest.mark.parametrize("command", [
     "ls", "ls -la 2>/dev/null", "cat README.md", "echo hi", "git status", "git log --oneline",
     "git diff", "grep -r x .", "sed -n 1p f", "pwd && whoami", "python --version",
-    "echo rm -rf x", "ls 2>&1", "git -c x=y status",
+    "ls 2>&1", "git -c x=y status",
+    # the teaching edition's regexes read "rm -rf" in any text, as the article's did
+    pytest.param("echo rm -rf x", marks=pytest.mark.hardening),
 ])
 def test_commands_that_change_no_file(stage, command):
     assert not stage.command_may_change_files(command)
@@ -796,9 +801,9 @@ def test_an_approved_dangerous_command_gets_a_checkpoint_a_denied_one_none(stage
     m = manager(stage, project, state)
     stage.use_checkpoints(m)
     (project / "scratch.tmp").write_text("keep me")
-    script = [reply("", call("terminal", {"command": "find . -name '*.tmp' -delete"})),
+    script = [reply("", call("terminal", {"command": "rm -rf scratch.tmp"})),
               reply("denied"),
-              reply("", call("terminal", {"command": "find . -name '*.tmp' -delete"})),
+              reply("", call("terminal", {"command": "rm -rf scratch.tmp"})),
               reply("ran")]
     with FakeOpenAI(script) as server:
         session = agent(stage, server)
@@ -806,7 +811,7 @@ def test_an_approved_dangerous_command_gets_a_checkpoint_a_denied_one_none(stage
         assert m.list() == [] and (project / "scratch.tmp").exists()
         turn(stage, session, permissions=stage.Permissions(yolo_source="--yolo"))
     assert not (project / "scratch.tmp").exists()
-    assert [c.reason for c in m.list()] == ["before terminal: find . -name '*.tmp' -delete"]
+    assert [c.reason for c in m.list()] == ["before terminal: rm -rf scratch.tmp"]
     m.restore(1)
     assert (project / "scratch.tmp").read_text() == "keep me"
 

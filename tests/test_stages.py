@@ -135,7 +135,7 @@ DEMO_PROMISES = {
         "The parent's conversation: system user assistant tool assistant. No child message is in it.",
         "└─ completed after 2 model call(s): The tool answered: Tool 'delegate_task' does not exist.",
         "denied: a sub-agent has nobody to ask",
-        "BLOCKED (hardline): delete of the root directory.",
+        "BLOCKED (hardline): delete of ",
         "build still exists: True",
         "budget_exhausted after ",
         "children completed: 3 of 3",

@@ -178,7 +178,7 @@ def masks(folder: Path) -> list[tuple[re.Pattern, str]]:
             + [(re.compile(re.escape(same_system)), "<os> <release>")] + real_release
             + [
                (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
-               (re.compile(r"(?<!\d)\d{8}-\d{6}-[0-9a-f]{4}(?![0-9a-f])"), "<session id>"),
+               (re.compile(r"(?<!\d)\d{8}-\d{6}-[0-9a-f]{8,}(?![0-9a-f])"), "<session id>"),
                (re.compile(r"(?<!\d)\d{4}-\d\d-\d\d(?!\d)"), "<date>"),
                (re.compile(r"(?<!\d)\d\d:\d\d:\d\d(?!\d)"), "<time>")])
 

@@ -1305,6 +1305,8 @@ def start_offline_server():
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
     return server
+
+
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import fnmatch
+import itertools
 import json
 import os
 import re
@@ -94,8 +95,15 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
+SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
+
+
 def new_session_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
+    """The time to the second (ids sort by age), 4 random hex digits (told apart from
+    another process's) and this process's running number: one process never makes the
+    same id twice, not even thousands in one second (s10 starts children at once)."""
+    return (time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
+            + f"{next(SESSION_NUMBERS):04x}")
 
 
 class SessionStore:
@@ -126,8 +134,10 @@ class SessionStore:
         self.db.close()
 
     def create_session(self, session_id: str, model: str, source: str) -> None:
+        """A new session row. An id that is taken already fails loudly (sqlite3's
+        IntegrityError), never silently mixing two sessions' messages."""
         with self.db:
-            self.db.execute("INSERT OR IGNORE INTO sessions (id, started_at, model, source) "
+            self.db.execute("INSERT INTO sessions (id, started_at, model, source) "
                             "VALUES (?, ?, ?, ?)", (session_id, time.time(), model, source))
 
     def end_session(self, session_id: str) -> None:
@@ -1693,6 +1703,8 @@ def start_offline_server():
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
     return server
+
+
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
 
 

@@ -309,8 +309,10 @@ class Delegator:
 
 def child_state_problem(real: Path) -> str | None:
     """A sub-agent has no memory or skill_manage tool, and write_file and patch do not
-    reach the same files either: nothing in the agent's state folder. (Its terminal
-    commands that name that folder are refused by s09's self-protection.)"""
+    reach the same files either: nothing in the agent's state folder. Its terminal
+    commands pass s09's gate like the parent's: in the teaching edition a command that
+    writes there (echo >> …/MEMORY.md) is not refused; the hardened edition refuses a
+    command that names the folder."""
     delegation = DELEGATION.get()
     if delegation is None or delegation.depth == 0:     # the parent's own writes
         return None
@@ -602,8 +604,9 @@ class Finding(NamedTuple):
     key: str                   # stable id: session approvals and allowlist.json store it
     description: str           # one human line
     tier: str                  # "hardline": never runs; "dangerous": runs once approved
-    needs_human: bool = False  # only for "too complex to analyse": the parser gave up,
-                               # so it might hide anything; only a person may approve it
+    # Only for "too complex to analyse": the parser gave up, so the command might hide
+    # anything, and only a person may approve it.
+    needs_human: bool = False
 
 
 class Rule(NamedTuple):
@@ -983,6 +986,7 @@ _SQL_NOISE = re.compile(r"(\"[^\"]*\")|'[^']*'|/\*[^*]*\*+(?:[^/*][^*]*\*+)*/|--
 def _sql_blank(match) -> str:
     return match.group(1) or " "
 
+
 # Wrappers run the rest of their words as the command. Value: the options that take a
 # value (sudo -u root rm runs rm, not root) and how many operands come before the
 # command (timeout's DURATION, chrt's PRIORITY, taskset's MASK).
@@ -1147,6 +1151,8 @@ def has_option(args, letters: str, long: str) -> bool:
 
 
 def recursive(call): return has_option(call, "rR", "--recursive")
+
+
 def forced(call): return has_option(call, "f", "--force")
 
 
@@ -3290,7 +3296,7 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
     return answer if answer in ("APPROVE", "DENY") else "ESCALATE"
 
 
-ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": ["git_push_force", ...]}
+ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
 MAX_ALLOWLIST_BYTES = 65_536
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
@@ -5365,8 +5371,15 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
+SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
+
+
 def new_session_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
+    """The time to the second (ids sort by age), 4 random hex digits (told apart from
+    another process's) and this process's running number: one process never makes the
+    same id twice, not even thousands in one second (s10 starts children at once)."""
+    return (time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
+            + f"{next(SESSION_NUMBERS):04x}")
 
 
 class SessionStore:
@@ -5397,8 +5410,10 @@ class SessionStore:
         self.db.close()
 
     def create_session(self, session_id: str, model: str, source: str) -> None:
+        """A new session row. An id that is taken already fails loudly (sqlite3's
+        IntegrityError), never silently mixing two sessions' messages."""
         with self.db:
-            self.db.execute("INSERT OR IGNORE INTO sessions (id, started_at, model, source) "
+            self.db.execute("INSERT INTO sessions (id, started_at, model, source) "
                             "VALUES (?, ?, ?, ?)", (session_id, time.time(), model, source))
 
     def end_session(self, session_id: str) -> None:
@@ -7571,6 +7586,8 @@ def start_offline_server():
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
     return server
+
+
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
 
 

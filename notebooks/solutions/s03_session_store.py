@@ -1,0 +1,1 @@
+sql = "SELECT role, COUNT(*) FROM messages WHERE session_id = ? GROUP BY role"

@@ -1,0 +1,1 @@
+my_spellings = ['r""m -rf ~', "rm$IFS-r\\f ~", "'r'm -'rf' ~"]

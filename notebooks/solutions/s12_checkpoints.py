@@ -1,0 +1,1 @@
+rescued = m.restore(2, "src/app.py")
