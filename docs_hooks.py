@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib.util
 import re
@@ -58,13 +57,17 @@ def stage_files(agents_dir: Path) -> list[Path]:
 
 
 def code_lines(path: Path) -> list[str]:
-    """The file's lines from the first one after its module docstring."""
-    text = path.read_text(encoding="utf-8")
-    tree = ast.parse(text)
-    first = tree.body[0] if tree.body else None
-    has_docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-        and isinstance(first.value.value, str)
-    return text.splitlines(keepends=True)[first.end_lineno if has_docstring else 0:]
+    """The file's lines from the first one after its module docstring (a stage file's
+    docstring opens on its first line that is not a comment)."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    first = next((i for i, line in enumerate(lines)
+                  if line.strip() and not line.startswith("#")), None)
+    if first is None or not lines[first].startswith('"""'):
+        return lines
+    if lines[first].rstrip().endswith('"""') and len(lines[first].strip()) >= 6:
+        return lines[first + 1:]                    # a one-line docstring
+    end = next((i for i in range(first + 1, len(lines)) if '"""' in lines[i]), len(lines) - 1)
+    return lines[end + 1:]
 
 
 def stage_diff(old: Path, new: Path, new_name: str | None = None) -> str:
