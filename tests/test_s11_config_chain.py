@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import (clean_env, load_stage, marks, pairing_problems, run_main, stages_from,
-                     stubbed_work_folder)
+from helpers import (clean_env, load_stage, marks, pairing_problems, repl_output, run_main,
+                     stages_from, stubbed_work_folder)
 
 STAGES = stages_from("s11")
 STUBBED = ("rm", "sed", "cp", "tee", "make", "mv", "chmod")
@@ -304,6 +304,31 @@ def test_the_managed_file_locks_its_keys_with_one_warning_per_override(stage, ho
         locked_warning("--approval-timeout", TIMEOUT, f"{managed}:3"),
         locked_warning("--yolo", "approvals.yolo", f"{managed}:4")]
     assert config.files == [home / "config.yaml", managed]
+
+
+@pytest.mark.parametrize("locked", ["false", "true"])
+def test_yolo_in_the_repl_honours_the_managed_lock(stage, home, work, tmp_path, locked):
+    """The managed file locks approvals.yolo: --yolo is ignored with a warning, and /yolo
+    may not change it either, whichever way it is locked (review of s11)."""
+    managed = tmp_path / "managed.yaml"
+    managed.write_text(f"approvals:\n  yolo: {locked}\n")
+    turns = [reply("", call("terminal", {"command": "rm -rf build"}, "c0")), reply("done")]
+    with FakeOpenAI(turns) as server:
+        result = run_main(stage, stdin="/yolo\n/permissions\ngo\n", cwd=work,
+                          env=clean_env(OPENAI_BASE_URL=server.url,
+                                        **{stage.MANAGED_ENV_VAR: str(managed)}))
+    assert result.returncode == 0, result.stderr
+    shown = repl_output(result.stdout, f"{stage.STAGE}> ", "/yolo")
+    assert shown == ("YOLO is locked by the managed configuration (managed:approvals.yolo); "
+                     "/yolo cannot change it")
+    state = repl_output(result.stdout, f"{stage.STAGE}> ", "/permissions")
+    assert ("on (managed:approvals.yolo)" in state) == (locked == "true"), state
+    ran = results(server)["c0"]
+    if locked == "true":
+        assert ran["output"] == "stub rm\n"
+    else:
+        assert ran["error"].startswith("denied: no terminal to ask on")
+        assert marks(work) == []
 
 
 def test_a_key_the_managed_file_does_not_set_is_the_users(stage, home):
