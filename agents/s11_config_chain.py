@@ -1804,16 +1804,21 @@ PROTECTED_FOLDERS = {
     "~/.azure": "Azure credentials", "~/.config/gh": "GitHub CLI credentials",
     "~/.config/gcloud": "Google Cloud credentials", "/etc/sudoers.d": "sudo rules",
     "/etc/systemd": "system services",
+    # What runs later, by itself: programs on PATH, user services, programs started at
+    # login, git's own configuration (an alias or a pager setting runs a command).
+    "~/.local/bin": "programs on your PATH", "~/.config/systemd/user": "your services",
+    "~/.config/autostart": "programs started at login", "~/.config/git": "git's settings",
 }
 SHELL_START_FILES = ("~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout",
                      "~/.profile", "~/.zshrc", "~/.zprofile", "~/.zshenv", "~/.zlogin",
-                     "~/.kshrc", "~/.config/fish/config.fish")
+                     "~/.kshrc", "~/.config/fish/config.fish", "~/.bash_aliases",
+                     "~/.pam_environment")
 CREDENTIAL_FILES = ("~/.netrc", "~/.pgpass", "~/.npmrc", "~/.pypirc", "~/.git-credentials")
 PROTECTED_FILES = {
     **{name: "a shell start-up file" for name in SHELL_START_FILES},
     **{name: "a credential file" for name in CREDENTIAL_FILES},
     "/etc/sudoers": "the sudo rules", "/etc/passwd": "the user accounts",
-    "/etc/shadow": "the password hashes",
+    "/etc/shadow": "the password hashes", "~/.gitconfig": "git's settings",
 }
 
 
@@ -1839,6 +1844,18 @@ def protected_path_problem(real: Path) -> str | None:
     if real in [Path(os.path.realpath(path)) for path in policy_files() + chain_files()] \
             or profile_policy_file(real):   # s11
         return "is a policy file of this agent: only the user changes it"
+    return repository_code_problem(real)
+
+
+def repository_code_problem(real: Path) -> str | None:
+    """Any repository's .git/config and .git/hooks/: git runs what they say (an alias, a
+    pager, a hook) the next time anyone uses the repository."""
+    parts = real.parts
+    for index, part in enumerate(parts[:-1]):
+        if part == ".git" and parts[index + 1] == "config":
+            return "is a repository's git config (git runs the commands it names)"
+        if part == ".git" and parts[index + 1] == "hooks":
+            return "is in a repository's git hooks (git runs them)"
     return None
 
 

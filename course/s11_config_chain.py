@@ -1075,7 +1075,7 @@ def protected_path_problem(real: Path) -> str | None:
     if real in [Path(os.path.realpath(path)) for path in policy_files() + chain_files()] \
             or profile_policy_file(real):   # s11
         return "is a policy file of this agent: only the user changes it"
-    return None
+    return repository_code_problem(real)
 
 HELP_TEXT = """Commands:
   /help          this help

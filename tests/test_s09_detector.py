@@ -574,6 +574,20 @@ def test_credentials_of_any_home_are_protected(stage, command):
     assert "write_sensitive_file" in keys(stage, command)
 
 
+@pytest.mark.parametrize("command", [
+    "echo \"alias ls='rm -rf ~'\" >> ~/.bash_aliases",
+    "printf '[alias]\\n st = !rm -rf ~\\n' >> ~/.gitconfig",
+    "echo x >> ~/.config/git/config", "cp evil ~/.local/bin/ls",
+    "tee ~/.config/autostart/x.desktop < evil", "cp s.service ~/.config/systemd/user/",
+    "echo A=1 >> ~/.pam_environment", "echo 'rm -rf ~' > .git/hooks/pre-commit",
+    "cat alias.ini >> .git/config", "cp hook vendor/.git/hooks/post-merge",
+])
+def test_a_write_to_a_file_that_runs_code_later_is_sensitive(stage, command):
+    """Files whose content runs later by itself: a shell's aliases, git's settings and
+    hooks, programs on PATH, services and autostart entries (review of s09-s12)."""
+    assert "write_sensitive_file" in keys(stage, command)
+
+
 @pytest.mark.parametrize("command", ["echo x > /tmp/other/.bashrc", "cp ~/.ssh/config /tmp/x",
                                      "cat ~/.ssh/id_rsa.pub", "ssh -i ~/.ssh/id_rsa host"])
 def test_reading_or_elsewhere_is_not_a_sensitive_write(stage, command):

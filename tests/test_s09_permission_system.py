@@ -1064,7 +1064,30 @@ PROTECTED = [
     ("~/.npmrc", "is a credential file (~/.npmrc)"),
     ("~/.pypirc", "is a credential file (~/.pypirc)"),
     ("~/.git-credentials", "is a credential file (~/.git-credentials)"),
+    # files that run code later, by themselves (review of s09-s12)
+    ("~/.bash_aliases", "is a shell start-up file (~/.bash_aliases)"),
+    ("~/.pam_environment", "is a shell start-up file (~/.pam_environment)"),
+    ("~/.gitconfig", "is git's settings (~/.gitconfig)"),
+    ("~/.config/git/config", "is under ~/.config/git (git's settings)"),
+    ("~/.local/bin/ls", "is under ~/.local/bin (programs on your PATH)"),
+    ("~/.config/systemd/user/x.service", "is under ~/.config/systemd/user (your services)"),
+    ("~/.config/autostart/x.desktop", "is under ~/.config/autostart (programs started at "
+                                      "login)"),
 ]
+
+
+@pytest.mark.parametrize("path,rule", [
+    (".git/config", "is a repository's git config (git runs the commands it names)"),
+    (".git/hooks/pre-commit", "is in a repository's git hooks (git runs them)"),
+    ("vendor/lib/.git/hooks/post-checkout", "is in a repository's git hooks (git runs them)"),
+])
+def test_write_file_refuses_any_repositorys_git_config_and_hooks(stage, work, path, rule):
+    (work / ".git" / "hooks").mkdir(parents=True)
+    result = json.loads(stage.write_file(path, "[alias]\n\tst = !rm -rf ~\n"))
+    assert result["error"].startswith("write refused: ") and result["error"].endswith(
+        f" {rule}. Nothing was written."), result
+    assert not (work / path).exists()
+    assert json.loads(stage.write_file("notes/.gitkeep", "ok")).get("bytes_written") == 2
 
 
 @pytest.mark.parametrize("path,rule", PROTECTED)

@@ -1846,7 +1846,8 @@ DANGEROUS_PATTERNS = [
     Rule("write_system_file", "write into a system directory (/etc, /usr, …)",
          "dangerous", "<writes>",
          lambda c: any(map(system_file, written(c, ("write", "move"))))),
-    Rule("write_sensitive_file", "write to SSH keys, credentials or a shell start-up file",
+    Rule("write_sensitive_file", "write to SSH keys, credentials, a shell start-up file or "
+         "a file that runs code later (git config and hooks, ~/.local/bin, autostart)",
          "dangerous", "<writes>",
          lambda c: any(map(sensitive_file, written(c, ("write", "move"))))),
     Rule("write_agent_state", "write to the agent's own state files", "dangerous", "<writes>",
@@ -2044,6 +2045,10 @@ SHELL_STARTUP_FILES = {".bashrc", ".bash_profile", ".bash_login", ".bash_logout"
                        ".zshrc", ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".kshrc",
                        ".cshrc", ".tcshrc", ".login", "config.fish"}
 CREDENTIAL_FILE_NAMES = {".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials", ".my.cnf"}
+# Files and folders whose content runs later, by itself: a write there is code for later.
+CODE_FILE_NAMES = {".bash_aliases", ".pam_environment", ".gitconfig"}
+CODE_DIRS = (".local/bin", ".config/systemd/user", ".config/autostart", ".config/git",
+             ".git/hooks")
 _A_HOME = re.compile(r"/(?:root|home/[^/]+|Users/[^/]+|var/home/[^/]+)/")
 
 SHELLS = {"sh", "bash", "zsh", "ksh", "dash", "ash", "mksh", "yash", "fish", "csh", "tcsh",
@@ -2797,9 +2802,10 @@ def sensitive_file(path: str) -> bool:
     """SSH keys, cloud credentials, shell start-up and credential files of ANY home
     (/root/…, /home/bob/…, ~): a file name counts when the path is relative (the
     working directory may be a home) or inside a home."""
-    if _in_secret_dir(path):
+    if _in_secret_dir(path) or _runs_later(path):
         return True
-    if posixpath.basename(path) not in SHELL_STARTUP_FILES | CREDENTIAL_FILE_NAMES:
+    if posixpath.basename(path) not in SHELL_STARTUP_FILES | CREDENTIAL_FILE_NAMES \
+            | CODE_FILE_NAMES:
         return False
     return not path.startswith("/") or bool(_A_HOME.match(path)) or path.startswith(
         _paths().home + "/")
@@ -2814,6 +2820,12 @@ def secret_file(path: str) -> bool:
 def _in_secret_dir(path: str) -> bool:
     padded = "/" + path.lstrip("/") + "/"
     return any(f"/{d}/" in padded for d in SECRET_DIRS)
+
+
+def _runs_later(path: str) -> bool:
+    """Under a CODE_DIRS folder of any home, or any repository's .git/config."""
+    padded = "/" + path.lstrip("/") + "/"
+    return any(f"/{d}/" in padded for d in CODE_DIRS) or "/.git/config/" in padded
 
 
 KNOWN_PATH_NAMES = tuple(sorted(SYSTEM_DIRS | SHELL_STARTUP_FILES | CREDENTIAL_FILE_NAMES | {
@@ -4684,16 +4696,21 @@ PROTECTED_FOLDERS = {
     "~/.azure": "Azure credentials", "~/.config/gh": "GitHub CLI credentials",
     "~/.config/gcloud": "Google Cloud credentials", "/etc/sudoers.d": "sudo rules",
     "/etc/systemd": "system services",
+    # What runs later, by itself: programs on PATH, user services, programs started at
+    # login, git's own configuration (an alias or a pager setting runs a command).
+    "~/.local/bin": "programs on your PATH", "~/.config/systemd/user": "your services",
+    "~/.config/autostart": "programs started at login", "~/.config/git": "git's settings",
 }
 SHELL_START_FILES = ("~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout",
                      "~/.profile", "~/.zshrc", "~/.zprofile", "~/.zshenv", "~/.zlogin",
-                     "~/.kshrc", "~/.config/fish/config.fish")
+                     "~/.kshrc", "~/.config/fish/config.fish", "~/.bash_aliases",
+                     "~/.pam_environment")
 CREDENTIAL_FILES = ("~/.netrc", "~/.pgpass", "~/.npmrc", "~/.pypirc", "~/.git-credentials")
 PROTECTED_FILES = {
     **{name: "a shell start-up file" for name in SHELL_START_FILES},
     **{name: "a credential file" for name in CREDENTIAL_FILES},
     "/etc/sudoers": "the sudo rules", "/etc/passwd": "the user accounts",
-    "/etc/shadow": "the password hashes",
+    "/etc/shadow": "the password hashes", "~/.gitconfig": "git's settings",
 }
 
 
@@ -4719,6 +4736,18 @@ def protected_path_problem(real: Path) -> str | None:
     if real in [Path(os.path.realpath(path)) for path in policy_files() + chain_files()] \
             or profile_policy_file(real):   # s11
         return "is a policy file of this agent: only the user changes it"
+    return repository_code_problem(real)
+
+
+def repository_code_problem(real: Path) -> str | None:
+    """Any repository's .git/config and .git/hooks/: git runs what they say (an alias, a
+    pager, a hook) the next time anyone uses the repository."""
+    parts = real.parts
+    for index, part in enumerate(parts[:-1]):
+        if part == ".git" and parts[index + 1] == "config":
+            return "is a repository's git config (git runs the commands it names)"
+        if part == ".git" and parts[index + 1] == "hooks":
+            return "is in a repository's git hooks (git runs them)"
     return None
 
 
