@@ -104,6 +104,7 @@ class Checkpoint(NamedTuple):
     removed: int                # and lines removed
     left_out: tuple = ()        # there then, not in it: nested repositories, large and
                                 # ignored files ("node_modules/": a whole folder)
+    empty: tuple = ()           # its empty folders ("logs/"): git stores files only
 
     @property
     def short(self) -> str:
@@ -114,6 +115,10 @@ class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
     path: str | None
+    kept: tuple = ()            # folders the checkpoint held that are repositories now:
+
+
+                                # left as they are, and /rollback says so
 
 
 class CheckpointManager:
@@ -146,13 +151,15 @@ class CheckpointManager:
         # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
         changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
                            *[checkpoint.id for checkpoint in newest])
-        if newest and not changes:
+        empty = empty_folders(self)
+        if newest and not changes and tuple(empty) == newest[0].empty:
             return None
         files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
         left_out = [*self.left_out, *ignored_files(self)]   # here, and not in the checkpoint
         message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n" + \
-            "".join(f"left out {json.dumps(path)}\n" for path in left_out)
+            "".join(f"left out {json.dumps(path)}\n" for path in left_out) + \
+            "".join(f"empty {json.dumps(path)}\n" for path in empty)
         commit = self.git("commit-tree", tree, input=message).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
@@ -204,8 +211,11 @@ class CheckpointManager:
                 raise
             raise CheckpointError(f"{visible(path)!r} is left out now (a nested repository "
                                   f"or a large file): it stays as it is") from None
+        kept = repositories_now(self, checkpoint, wanted)
+        if path is None:
+            restore_empty_folders(self, checkpoint)
         prune(self)
-        return Restored(checkpoint, undo, path)
+        return Restored(checkpoint, undo, path, kept)
 
     def git(self, *args: str, input: str | None = None, settings=()) -> str:
         """One git command on the store and the project: its output."""
@@ -328,6 +338,7 @@ LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:
 RECORD_END = "\x1e\n"
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
 LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
+EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
 MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
@@ -423,7 +434,9 @@ def listed_checkpoint(index: int, record: str) -> Checkpoint:
     stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
     files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
     left_out = tuple(json.loads(name) for name in LEFT_OUT_LINE.findall(body))
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed, left_out)
+    empty = tuple(json.loads(name) for name in EMPTY_LINE.findall(body))
+    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed, left_out,
+                      empty)
 
 
 def checked_id(text: str) -> str:
@@ -477,10 +490,15 @@ def state_folder_exclude(manager: CheckpointManager) -> list[str]:
 def stage_tree(manager: CheckpointManager, first: bool = False) -> None:
     """The store's index becomes the project as it is now, minus what is left out."""
     manager.left_out, changed = look_at_tree(manager)
-    if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
+    # A folder the index holds that is a symbolic link now: git will not add a path
+    # "beyond a symbolic link", so its old entries go, and the link itself is stored.
+    links = links_over_folders(manager.project, changed)
+    gone = [*manager.left_out, *(link + "/" for link in links)]
+    if gone:                # an earlier checkpoint may hold them: out of the index too
         manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
                     "--pathspec-from-file=-", "--pathspec-file-nul",
-                    input="\0".join(":(literal)" + path for path in manager.left_out))
+                    input="\0".join(":(literal)" + path for path in gone))
+        changed = [path for path in changed if not path.startswith(tuple(gone))] + links
     if not first and not changed:
         return                              # the index is the project already
     # A few changed files are added by name: git then skips the rest of the tree (a
@@ -518,6 +536,38 @@ def look_at_tree(manager: CheckpointManager) -> tuple[list[str], list[str]]:
     return repositories + large, sorted(changed.difference(large))
 
 
+def repositories_now(manager: CheckpointManager, checkpoint: Checkpoint,
+                     wanted: str) -> tuple:
+    """The folders the checkpoint held as files that are repositories now (someone ran
+    `git init` there): `git restore` above left them as they are, and the caller says
+    so. A `.git` that is no repository (an empty file, say) makes no repository: such a
+    folder is restored like any other (nested_repositories())."""
+    folders = [path for path in manager.left_out
+               if path.endswith("/") and path not in checkpoint.left_out]
+    if wanted != ".":                       # a one-path restore: only that path's folders
+        target = wanted.removeprefix(":(literal)").rstrip("/") + "/"
+        folders = [f for f in folders if target.startswith(f) or f.startswith(target)]
+    if not folders:
+        return ()
+    held = manager.git("ls-tree", "-r", "-z", "--name-only", checkpoint.id, "--",
+                       *[":(literal)" + folder for folder in folders]).split("\0")[:-1]
+    return tuple(sorted({folder for folder in folders
+                         for path in held if path.startswith(folder)}))
+
+
+def links_over_folders(project: Path, paths: list) -> list[str]:
+    """The folders above `paths` that are symbolic links now (mv d d.old; ln -s … d)."""
+    found = set()
+    for path in paths:
+        parts = path.split("/")[:-1]
+        for end in range(1, len(parts) + 1):
+            folder = "/".join(parts[:end])
+            if os.path.islink(os.path.join(project, folder)):
+                found.add(folder)
+                break
+    return sorted(found)
+
+
 def nested_repositories(project: Path, files: list) -> set[str]:
     """The folders of `files` (and the folders above them) that have a .git of their own."""
     folders = {path.rpartition("/")[0] for path in files}   # 10,000 files: ~100 folders
@@ -526,7 +576,22 @@ def nested_repositories(project: Path, files: list) -> set[str]:
             folder = folder.rpartition("/")[0]
             folders.add(folder)
     return {folder + "/" for folder in folders
-            if folder and os.path.lexists(os.path.join(project, folder, ".git"))}
+            if folder and is_repository(os.path.join(project, folder))}
+
+
+def is_repository(folder: str) -> bool:
+    """As git decides it: a .git folder with a HEAD, or a .git file pointing at one. A
+    .git that is neither (`touch sub/.git`) makes no repository, and git adds the files."""
+    marker = os.path.join(folder, ".git")
+    if os.path.isdir(marker) and not os.path.islink(marker):
+        return os.path.isfile(os.path.join(marker, "HEAD"))
+    try:
+        with open(marker, encoding="utf-8", errors="replace") as file:
+            first = file.readline(4096)
+    except OSError:
+        return False
+    target = first.removeprefix("gitdir:").strip() if first.startswith("gitdir:") else ""
+    return bool(target) and os.path.isfile(os.path.join(folder, target, "HEAD"))
 
 
 def too_large(manager: CheckpointManager, path: str) -> bool:
@@ -583,6 +648,38 @@ def checked_path(manager: CheckpointManager, path: str) -> str:
         raise CheckpointError(f"{shown} is not inside the project {manager.project}"
                               + (" (all of it: /rollback N)" if real == manager.project else ""))
     return Path(relative).as_posix()
+
+
+def empty_folders(manager: CheckpointManager) -> list[str]:
+    """The project's empty folders ("logs/", "a/b/"), which no commit can hold. git
+    lists the folders it stores nothing of; the empty ones are found inside them
+    (ignored and left-out folders are not listed)."""
+    listed = manager.git("ls-files", "-z", "--others", "--exclude-standard",
+                         "--directory").split("\0")[:-1]
+    empty = []
+    for path in listed:
+        if not path.endswith("/") or path in manager.left_out:
+            continue
+        for folder, names, files in os.walk(os.path.join(manager.project, path)):
+            if not names and not files:     # a symbolic link is among the files
+                empty.append(Path(folder).relative_to(manager.project).as_posix() + "/")
+    return sorted(empty)
+
+
+def restore_empty_folders(manager: CheckpointManager, checkpoint: Checkpoint) -> None:
+    """After a whole-project restore: the empty folders made since go (an empty folder
+    holds nothing that could be lost; a folder that held only them is empty next time
+    round), and the checkpoint's come back, where no symbolic link stands in the way."""
+    while made_since := [path for path in empty_folders(manager)
+                         if path not in checkpoint.empty]:
+        for path in made_since:
+            os.rmdir(os.path.join(manager.project, path))
+    for path in checkpoint.empty:
+        parts = path.rstrip("/").split("/")
+        on_the_way = [os.path.join(manager.project, *parts[:end])
+                      for end in range(1, len(parts) + 1)]
+        if not any(os.path.islink(place) for place in on_the_way):
+            os.makedirs(on_the_way[-1], exist_ok=True)
 
 
 def ignored_files(manager: CheckpointManager) -> list[str]:
@@ -6512,6 +6609,9 @@ def show_restored(restored: Restored) -> None:
     console.print(Text(f"restored {what} to checkpoint {c.short} ({c.reason})", style="green"))
     console.print(Text(f"the state before this rollback is checkpoint 1 now "
                        f"({restored.undo[:SHORT_ID_CHARS]}): /rollback 1 undoes it", style="dim"))
+    for folder in restored.kept:
+        console.print(Text(f"{visible(folder)} is a repository of its own now: left as it is, "
+                           f"not restored", style="yellow"))
 
 
 def describe_checkpoints() -> str:

@@ -397,6 +397,69 @@ def test_a_folder_that_becomes_a_repository_leaves_the_checkpoints(stage, projec
     assert (project / "src" / "app.py").read_text() == "theirs now\n"
 
 
+def test_a_folder_that_becomes_a_repository_is_named_by_the_rollback(stage, project, state,
+                                                                     capsys):
+    m = manager(stage, project, state)
+    m.snapshot("src is plain")
+    user_git(project / "src", "init", "-q")
+    restored = m.restore(1)
+    assert restored.kept == ("src/",)
+    stage.show_restored(restored)
+    assert "src/ is a repository of its own now: left as it is" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make_git", [Path.touch, Path.mkdir], ids=["file", "folder"])
+def test_a_git_that_is_no_repository_hides_nothing(stage, project, state, make_git):
+    """`touch src/.git` or `mkdir src/.git` makes no repository (git adds the files):
+    the folder is checkpointed and restored like any other."""
+    m = manager(stage, project, state)
+    m.snapshot("before")
+    make_git(project / "src" / ".git")
+    (project / "src" / "app.py").unlink()
+    (project / "src" / "planted.py").write_text("evil\n")
+    restored = m.restore(2 if m.snapshot("after") else 1)
+    assert restored.kept == ()
+    assert (project / "src" / "app.py").read_text() == "print('hello')\n"
+    assert not (project / "src" / "planted.py").exists()
+
+
+def test_a_folder_replaced_by_a_link_is_restored_and_the_outside_untouched(stage, project,
+                                                                          state, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "theirs.txt").write_text("not the project's\n")
+    m = manager(stage, project, state)
+    m.snapshot("src is a folder")
+    before = tree_state(project)
+    (project / "src").rename(project / "src.old")
+    (project / "src").symlink_to(outside)
+    assert m.snapshot("src is a link") is not None      # checkpoints still work
+    restored = m.restore(2)
+    assert tree_state(project) == before                # src.old was made since: gone
+    assert folder_bytes(outside) == {"theirs.txt": b"not the project's\n"}
+    m.snapshot("after the restore")                     # later checkpoints work
+    m.restore(restored.undo)                            # and the undo brings the link back
+    assert os.readlink(project / "src") == str(outside)
+    assert (project / "src.old" / "app.py").read_text() == "print('hello')\n"
+
+
+def test_empty_folders_come_back_and_new_ones_go(stage, project, state):
+    (project / "logs").mkdir()
+    (project / "cache" / "a" / "b").mkdir(parents=True)
+    m = manager(stage, project, state)
+    m.snapshot("with empty folders")
+    before = tree_state(project)
+    (project / "logs").rmdir()
+    (project / "cache" / "a" / "b").rmdir()
+    (project / "made" / "since").mkdir(parents=True)
+    assert m.snapshot("only the empty folders changed") is not None
+    after = tree_state(project)
+    restored = m.restore(2)
+    assert tree_state(project) == before
+    m.restore(restored.undo)                            # the undo: the new ones are back
+    assert tree_state(project) == after
+
+
 def test_ignored_and_excluded_files_are_left_out_and_untouched(stage, project, state):
     (project / ".gitignore").write_text("secret.txt\ndata/\n")
     kept = {"secret.txt": "mine", "data/big.csv": "1,2", ".env": "TOKEN=x", "app.log": "log",
