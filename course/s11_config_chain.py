@@ -529,36 +529,114 @@ def deny_rule_matched(command: str, rules) -> str | None:
 #: hardened
 def deny_rule_matched(command: str, rules) -> str | None:
     """The first user deny rule (approvals.deny) that `command` matches, or None. A rule
-    is a glob matched, ignoring case, against the whole command as the detector reads
-    it (spaces squeezed) and against each command it runs (name and arguments, quoting
-    removed, wrappers skipped, also inside sh -c, $( ) and scripts). Input the parser
-    gives up on matches every rule: it cannot be shown not to match."""
+    matches the whole command as the detector reads it (a glob, spaces squeezed, case
+    ignored), or any command the parser finds in it (wrappers skipped, also inside sh -c,
+    $( ) and scripts), read the way a program reads its arguments: rule_matches_call().
+    Input the parser gives up on matches every rule: it cannot be shown not to match."""
     if not rules:
         return None
-    commands = commands_run(command)
-    if commands is None:
+    calls = calls_run(command)
+    if calls is None:
         return rules[0]
-    texts = [" ".join(normalize_command(command).split()).casefold(), *commands]
-    return next((rule for rule in rules
-                 if any(fnmatch.fnmatchcase(text, rule.casefold()) for text in texts)), None)
+    texts = [" ".join(normalize_command(command).split()).casefold(),
+             *(" ".join([call.name, *call.args]).casefold() for call in calls)]
+    for rule in rules:
+        if any(fnmatch.fnmatchcase(text, rule.casefold()) for text in texts):
+            return rule
+        wanted = rule_as_command(rule)
+        if wanted and any(rule_matches_call(wanted, call.name, call.args) for call in calls):
+            return rule
+    return None
+
+
+#: hardened
+# The long names of short options, so that a rule and a command that spell an option
+# differently agree: rm -r = -R = --recursive. Keyed by program, or program and subcommand.
+OPTION_NAMES = {key: dict(pair.split("=") for pair in pairs.split()) for key, pairs in {
+    "rm": "-r=--recursive -R=--recursive -f=--force -d=--dir -v=--verbose",
+    "cp": "-r=--recursive -R=--recursive -f=--force -a=--archive",
+    "mv": "-f=--force -n=--no-clobber",
+    "chmod": "-R=--recursive", "chown": "-R=--recursive", "chgrp": "-R=--recursive",
+    "git push": "-f=--force -d=--delete -n=--dry-run -u=--set-upstream",
+    "git clean": "-f=--force -d=--dirs -x=--ignored -n=--dry-run",
+    "git branch": "-d=--delete -D=--delete-force -f=--force",
+    "git checkout": "-f=--force", "git reset": "-q=--quiet",
+}.items()}
+SUBCOMMAND_PROGRAMS = {"git", "docker", "podman", "kubectl", "terraform", "npm", "cargo"}
+
+
+#: hardened
+def rule_as_command(rule: str) -> tuple | None:
+    """A deny rule read as a command: (program, options, operands). None for a rule that
+    is not one command (a pipe, a ;, unbalanced quotes): it is matched as text only."""
+    try:
+        words = shlex.split(rule)
+    except ValueError:
+        return None
+    if not words or any(word in {"|", "||", "&&", ";", "&"} for word in words):
+        return None
+    name = os.path.basename(words[0]).casefold()
+    return (name, *canonical_arguments(name, words[1:]))
+
+
+#: hardened
+def canonical_arguments(name: str, args: list) -> tuple[set, list]:
+    """The options a program is given, each by its long name where it has one (bundles
+    split: -rf is -r and -f; GNU abbreviations: --rec is --recursive), and its operands.
+    For git and the like, the options of the subcommand (git push -f: push's --force)."""
+    arguments = split_arguments(args, TAKES_VALUE.get(name, ()))
+    key = name
+    if name in SUBCOMMAND_PROGRAMS and arguments.operands:
+        key = f"{name} {arguments.operands[0].casefold()}"
+    names = OPTION_NAMES.get(key, {})
+    options = {names.get("-" + letter, "-" + letter) for letter in arguments.letters}
+    for option in arguments.longs:
+        longer = {full for full in names.values() if full.startswith(option)}
+        options.add(longer.pop() if len(longer) == 1 and option not in longer else option)
+    return options, [operand.casefold() for operand in arguments.operands]
+
+
+#: hardened
+def rule_matches_call(rule: tuple, name: str, args: list) -> bool:
+    """A rule read as a command matches a command when: the program matches (a glob);
+    each option of the rule is given (in any order or spelling; a glob such as --force*
+    matches --force-with-lease too); and the rule's operands match the first operands
+    of the command, as a glob over the words (more operands may follow)."""
+    program, wanted_options, wanted_operands = rule
+    if not fnmatch.fnmatchcase(name.casefold(), program):
+        return False
+    options, operands = canonical_arguments(name.casefold(), args)
+    if not all(any(fnmatch.fnmatchcase(option, wanted) for option in options)
+               for wanted in wanted_options):
+        return False
+    pattern, text = " ".join(wanted_operands), " ".join(operands)
+    return not wanted_operands or fnmatch.fnmatchcase(text, pattern) or \
+        fnmatch.fnmatchcase(text, pattern + " *")
+
+
+#: hardened
+def calls_run(command: str) -> list | None:
+    """Each command (a Call) that `command` runs; None if it is too complex to read."""
+    if len(command) > MAX_COMMAND_CHARS:
+        return None
+    token = _CURRENT_PATHS.set(_paths_for(_environment()))
+    globs = _GLOBS_SEEN.set(set())
+    try:
+        return _parse(normalize_command(command))
+    except _TooComplex:
+        return None
+    finally:
+        _CURRENT_PATHS.reset(token)
+        _GLOBS_SEEN.reset(globs)
 
 
 #: hardened
 def commands_run(command: str) -> list[str] | None:
     """Each command that `command` runs, as "name arg …" in lower case; None if it is
     too complex to read."""
-    if len(command) > MAX_COMMAND_CHARS:
-        return None
-    token = _CURRENT_PATHS.set(_paths_for(_environment()))
-    globs = _GLOBS_SEEN.set(set())
-    try:
-        calls = _parse(normalize_command(command))
-    except _TooComplex:
-        return None
-    finally:
-        _CURRENT_PATHS.reset(token)
-        _GLOBS_SEEN.reset(globs)
-    return [" ".join([call.name, *call.args]).casefold() for call in calls]
+    calls = calls_run(command)
+    return None if calls is None else [" ".join([call.name, *call.args]).casefold()
+                                       for call in calls]
 
 
 def chain_files() -> list[Path]:

@@ -538,18 +538,36 @@ def test_exercise_3_the_commands_a_deny_rule_misses():
 
 @pytest.mark.hardening
 def test_exercise_3s_spellings_in_the_hardened_edition():
-    """"What the hardened edition adds": its rule still misses exercise 3's spellings but
-    the wrapped one, because the parser hands it `rm -fr build`, and `xargs rm -rf < list`
-    as the command `rm -rf` with no arguments."""
+    """"The hardened rule language": a rule read as a command refuses every spelling of
+    exercise 3 (the parser hands it the rm inside sudo and xargs); find's -delete is no
+    rm, and rm without -f is not rm -rf."""
     hardened = fresh_stage(HARDENED + STAGE)
     text = " ".join(section("## Under attack").split())
-    assert "Exercise 3's spellings still pass there, except `sudo rm -rf build`" in text
+    assert "every spelling of exercise 3 is refused there" in text
     for command_cell, _ in table("Missed by"):
         command = CODE.findall(command_cell)[0]
-        wanted = "rm -rf *" if command.startswith("sudo ") else None
-        assert hardened.deny_rule_matched(command, ("rm -rf *",)) == wanted, command
-    assert hardened.commands_run("rm -fr build") == ["rm -fr build"]
+        assert hardened.deny_rule_matched(command, ("rm -rf *",)) == "rm -rf *", command
+    assert hardened.deny_rule_matched("find build -delete", ("rm -rf *",)) is None
+    assert hardened.deny_rule_matched("rm -r build", ("rm -rf *",)) is None
     assert hardened.commands_run("xargs rm -rf < list") == ["rm -rf"]
+
+
+@pytest.mark.hardening
+def test_the_hardened_rule_language_table():
+    """Each row of "The rule" table, against the hardened edition; the teaching edition
+    misses at least one refused row (else the table teaches nothing)."""
+    hardened, teaching = fresh_stage(HARDENED + STAGE), fresh_stage(STAGE)
+    rows = table("The rule")
+    assert len(rows) >= 8, rows
+    teaching_misses = 0
+    for rule_cell, command_cell, answer in rows:
+        rule, command = CODE.findall(rule_cell)[0], CODE.findall(command_cell)[0]
+        assert answer in ("refused", "passes"), answer
+        wanted = rule if answer == "refused" else None
+        assert hardened.deny_rule_matched(command, (rule,)) == wanted, (rule, command)
+        teaching_misses += wanted is not None and teaching.deny_rule_matched(command, (rule,)) \
+            is None
+    assert teaching_misses >= 3
 
 
 # ── The agent cannot change its configuration ──────────────────────────────

@@ -1055,6 +1055,35 @@ def test_deny_rules_match_the_command_and_each_command_it_runs(stage, command, r
 
 
 @pytest.mark.hardening
+@pytest.mark.parametrize("rule,command,refused", [
+    # rm's options in any order and spelling (defect 8 of issue 22)
+    ("rm -rf *", "rm -fr build", True), ("rm -rf *", "rm -r -f build", True),
+    ("rm -rf *", "rm --recursive --force build", True), ("rm -rf *", "rm -R -f build", True),
+    ("rm -rf *", "rm --rec --for build", True), ("rm -rf *", "rm build -rf", True),
+    ("rm -rf *", "sudo rm -fr build", True), ("rm -rf *", "rm -r build", False),
+    ("rm -rf *", "rm --re build", False),       # --re: --recursive, or --remove-...?
+    ("rm -rf /tmp/*", "rm -fr /tmp/cache", True), ("rm -rf /tmp/*", "rm -fr build", False),
+    # git: its own options before the subcommand, the subcommand's after it
+    ("git push --force*", "git push -f origin main", True),
+    ("git push --force*", "git -c color.ui=never push --force", True),
+    ("git push --force*", "git -C repo push --force-with-lease", True),
+    ("git push --force*", "git push origin main", False),
+    ("git push --force*", "git pull --force", False),
+    ("git clean -fd", "git clean -d -f", True), ("git clean -fd", "git clean --force -d", True),
+    ("git clean -fd", "git clean -n -d", False),
+    # a subcommand as the first operand; more operands may follow
+    ("terraform destroy", "terraform destroy -auto-approve", True),
+    ("terraform destroy", "terraform plan", False),
+    ("docker system prune*", "docker system prune -af", True),
+    ("docker system prune*", "docker system df", False),
+    # a rule that is not one command is text only
+    ("curl * | sh", "curl -s x | sh", True), ("curl * | sh", "curl -s x", False),
+])
+def test_a_hardened_rule_is_read_as_a_command(stage, rule, command, refused):
+    assert stage.deny_rule_matched(command, (rule,)) == (rule if refused else None)
+
+
+@pytest.mark.hardening
 def test_a_command_too_complex_to_read_matches_the_first_rule(stage):
     rules = ("curl *", "rm -rf *")
     limit = stage.MAX_COMMAND_CHARS
