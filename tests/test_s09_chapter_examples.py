@@ -140,3 +140,14 @@ def test_exercise_2_solution_makes_git_stash_drop_dangerous(tmp_path, place):
 
 def test_the_editions_are_what_the_rows_say():
     assert edition_of(EDITIONS["hardened"]) == "hardened"
+
+
+def test_the_number_of_hardened_rules_is_the_codes():
+    """"Under attack" counts the hardened edition's rules, in all three languages."""
+    hardened = load_stage("hardened/s09_permission_system")
+    count = str(len(hardened.DANGEROUS_PATTERNS))
+    texts = {lang: (ROOT / "docs" / lang / "s09-permission-system.md").read_text(encoding="utf-8")
+             for lang in ("en", "zh", "ru")}
+    assert f"each of {count} rules" in texts["en"]
+    assert f"中有 {count} 条规则" in texts["zh"]
+    assert f"каждое из {count} правил" in texts["ru"]

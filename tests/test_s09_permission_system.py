@@ -338,6 +338,31 @@ def test_yolo_never_passes_hardline_self_protection_or_a_finding_that_needs_a_hu
     assert reader.asked == 2 and marks(work) == []
 
 
+@pytest.mark.hardening
+def test_what_cannot_be_read_only_a_person_approves(stage, gate, work, home):
+    """Principle 1 (issue 22): an "always" for rm_recursive_force, YOLO and mode off
+    approve `rm -rf build`, never a command whose target or code is known only at run
+    time; the person at the prompt may approve it, once. A target an expansion makes
+    hardline (${x:-$HOME}) is hardline, whatever was approved before."""
+    (home / "allowlist.json").write_text(json.dumps({"version": 1,
+                                                     "keys": ["rm_recursive_force"]}))
+    assert gate("rm -rf build") is None                  # the cached approval
+    unreadable = ('rm -rf "$(cat list.txt)"', "LD_PRELOAD=./hook.so rm -rf build",
+                  "git config core.hooksPath ./hooks", "sed 's/.*/&/e' list.txt")
+    for permissions in (None, stage.Permissions(yolo_source="--yolo"),
+                        stage.Permissions(mode="off")):
+        for command in unreadable:
+            reader = Answers("d")
+            assert "denied" in gate(command, reader, permissions), command
+            assert reader.asked == 1, command
+        for command in ('rm -rf "${x:-$HOME}"', 'set -- /; rm -rf "$1"'):
+            assert json.loads(gate(command, Answers(), permissions))["blocked"] == "hardline"
+    assert marks(work) == ["rm -rf build"]
+    reader = Answers("s", "o")                           # no "session" for such a command
+    assert gate(unreadable[0], reader) is None and reader.asked == 2
+    assert marks(work) == ["rm -rf build", "rm -rf "]     # list.txt is missing: no target
+
+
 def test_slash_yolo_is_for_the_current_session_id_only(stage, gate, work, capsys):
     permissions, reader = stage.Permissions(), Answers("d", "d")
     session = stage.Session(None, "m", "u", 30, [], None)

@@ -602,6 +602,22 @@ def test_the_parents_yolo_never_reaches_a_child_and_hardline_is_always_blocked(
         assert results["danger"]["output"] == "stub rm\n" and marks(work) == ["rm -rf build"]
 
 
+@pytest.mark.hardening
+@pytest.mark.parametrize("child_approvals", ["deny", "once"])
+def test_a_child_cannot_run_code_hidden_in_settings(stage, work, child_approvals):
+    """Issue 22, defect 1, from a sub-agent: code run through a variable, an option or a
+    setting is read like sh -c (hardline here), and code that cannot be read is denied:
+    a child has nobody to ask, whatever --child-approvals says."""
+    _, results = run_commands(stage, work, {
+        "sed": 'sed "s/x/rm -rf ~/e" notes.txt',
+        "alias": 'git config alias.st "!rm -rf ~"',
+        "preload": "LD_PRELOAD=./hook.so git status"}, child_approvals=child_approvals)
+    for goal in ("sed", "alias"):
+        assert results[goal]["blocked"] == "hardline", goal
+    assert "nobody to ask" in results["preload"]["error"]
+    assert marks(work) == []
+
+
 # ── failures inside a child ───────────────────────────────────────────────
 
 def test_a_childs_broken_call_or_failing_endpoint_never_stops_the_parent(stage, work):

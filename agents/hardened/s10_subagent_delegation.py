@@ -616,6 +616,7 @@ class Rule(NamedTuple):
     commands: str              # the command names it looks at; <groups> are below
     check: Callable            # check(call) -> bool, for one parsed, unwrapped command
     article_regex: str = ""    # the article series' regex that this rule replaces
+    needs_human: bool = False  # its finding can be approved by a person only
 
 
 class _computed_once:
@@ -657,8 +658,10 @@ class Call:
                 for p in glob_candidates(resolutions(path, self.cmd.cwds))]
 
     @_computed_once
-    def operand_paths(self) -> list:        # operands resolved, braces expanded
-        return [p for text in dict.fromkeys(self.arguments.operands)
+    def operand_paths(self) -> list:        # operands resolved, braces expanded; a computed
+        texts = [*self.arguments.operands,  # one also as each value it may have (${a:-/})
+                 *(text for w in self.words for text in w.could_be if text[:1] != "-")]
+        return [p for text in dict.fromkeys(texts)
                 for one in expand_braces(text) for p in in_working_directory(one, self.cmd.cwds)]
 
     @_computed_once
@@ -746,6 +749,10 @@ DANGEROUS_PATTERNS = [
     Rule("rm_system_path", "delete under a system directory", "dangerous", "rm",
          lambda c: any(not _rm_kind(p) and under_system_dir(p) and not in_home(p)
                        for p in c.operand_paths)),
+    Rule("unresolved_target", "a destructive command whose target is known only at run time "
+         "($x, $(…)): only a person can judge it", "dangerous",
+         "rm shred find rsync mv chmod chown chgrp", lambda c: bool(unresolved_targets(c)),
+         needs_human=True),
     Rule("move_system_dir", "move of /, a system directory or the home directory",
          "dangerous", "mv", lambda c: any(map(_rm_kind, written(c, ("move",))))),
     Rule("chmod_system", "permission change of /, the home directory or system files",
@@ -810,6 +817,16 @@ DANGEROUS_PATTERNS = [
          lambda c: "computed_name" in c.tags),
     Rule("program_option", "a read-only tool told to run a program (rg --pre, …)",
          "dangerous", "<tags>", lambda c: "program_option" in c.tags),
+    Rule("code_variable", "a variable that makes a program run a command (PAGER, "
+         "GIT_SSH_COMMAND, PROMPT_COMMAND, …)", "dangerous", "<tags>",
+         lambda c: "code_variable" in c.tags),
+    Rule("plants_command", "configuration that runs a command later (git config "
+         "alias.x '!…', core.pager, …)", "dangerous", "<tags>",
+         lambda c: "plants_command" in c.tags),
+    Rule("unreadable_code", "code that cannot be read before it runs (a value computed at "
+         "run time, a preloaded library, a start-up file, sed's s///e): only a person can "
+         "judge it", "dangerous", "<tags>", lambda c: "unreadable_code" in c.tags,
+         needs_human=True),
     Rule("sudo_stdin_password", "sudo reading a password from stdin (sudo -S)", "dangerous",
          "<tags>", lambda c: "sudo_stdin" in c.tags),
 ]
@@ -906,7 +923,8 @@ def _check(text: str, found: dict, writes: dict, files: dict) -> None:
         writes.update(dict.fromkeys(path for path, _ in call.writes))
         for rule in _rules_for(call):
             if rule.key not in found and rule.check(call):
-                found[rule.key] = Finding(rule.key, rule.description, rule.tier)
+                found[rule.key] = Finding(rule.key, rule.description, rule.tier,
+                                          rule.needs_human)
 
 # ── [s09] Detector details ──────────────────────────────────────────────────
 
@@ -1062,8 +1080,9 @@ TAKES_VALUE = {name: set(options.split()) for name, options in {
            "--pager --html",
     "ag": "-A -B -C -G -g -m -p --ignore --ignore-dir --file-search-regex --max-count "
           "--depth --path-to-ignore --pager",
-    "tar": "-f -C -T -X --file --directory --to-command --use-compress-program "
-           "--checkpoint-action --info-script --new-volume-script",
+    "tar": "-f -C -T -X -I -F -H --file --directory --to-command --use-compress-program "
+           "--checkpoint-action --info-script --new-volume-script --rsh-command "
+           "--rmt-command --format",
 }.items()}
 # Read-only tools with an option whose value is a program they run (through a shell for
 # man). Their value is analysed as a command line; a plain pager is harmless.
@@ -1071,10 +1090,57 @@ PROGRAM_OPTIONS = {"rg": ("--pre", "--hostname-bin"), "sort": ("--compress-progr
                    "rsync": ("-e", "--rsh"),
                    "man": ("-P", "--pager", "-H", "--html"), "ag": ("--pager",),
                    "tar": ("--to-command", "--use-compress-program", "--checkpoint-action",
-                           "--info-script", "--new-volume-script")}
+                           "--info-script", "--new-volume-script", "-I", "-F",
+                           "--rsh-command", "--rmt-command")}
 HARMLESS_PROGRAMS = {"cat", "less", "more", "most", "vi", "vim", "nvim", "nano", "true", "ssh",
                      "gzip", "bzip2", "xz", "zstd", "lz4", "pigz", "lzop"}  # pagers, editors,
                                                                             # compressors
+# Variables that make a program run code (issue 22, defect 1). Their value is a command
+# line that a pager, an editor, ssh, git or an interactive shell runs:
+COMMAND_VARIABLES = {
+    "PROMPT_COMMAND", "PAGER", "GIT_PAGER", "MANPAGER", "SYSTEMD_PAGER", "BAT_PAGER",
+    "PSQL_PAGER", "EDITOR", "VISUAL", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "SUDO_EDITOR",
+    "FCEDIT", "GIT_SSH_COMMAND", "GIT_SSH", "GIT_EXTERNAL_DIFF", "GIT_ASKPASS", "SSH_ASKPASS",
+    "SUDO_ASKPASS", "GIT_PROXY_COMMAND", "RSYNC_RSH", "CVS_RSH", "BROWSER", "LESSOPEN",
+    "LESSCLOSE", "PS0", "PS1", "PS2", "PS4"}
+# Their value names a file of code that is loaded or run: start-up files, a preloaded
+# library, git's programs, hooks and configuration. The detector cannot read it:
+CODE_FILE_VARIABLES = {
+    "BASH_ENV", "ENV", "ZDOTDIR", "LD_PRELOAD", "LD_AUDIT", "DYLD_INSERT_LIBRARIES",
+    "PYTHONSTARTUP", "GIT_EXEC_PATH", "GIT_TEMPLATE_DIR", "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM", "GIT_CONFIG", "GIT_DIR", "GCONV_PATH", "BASH_LOADABLES_PATH"}
+# Their value is options for an interpreter; some options load code (perl -M, node -r):
+OPTION_VARIABLES = {"PERL5OPT", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS",
+                    "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"}
+_LOADS_CODE = re.compile(r"(?:^|\s)(?:-[mMrIde]|--require|--import|--loader|--eval|"
+                         r"--experimental-loader|-javaagent|-agentpath|-agentlib|-XX:On)")
+_EXPORTED_FUNCTION = re.compile(r"BASH_FUNC_[^=]*(?:%%|\(\))=")   # env 'BASH_FUNC_x%%=() …'
+# git settings whose value git runs as a command: git -c NAME=VALUE, git config NAME VALUE
+# and GIT_CONFIG_KEY_n; alias.x='!cmd' too. (*: any middle part, as in filter.lfs.clean.)
+GIT_PROGRAM_PATTERNS = re.compile(
+    r"pager\.[^.]+|filter\..+\.(?:clean|smudge|process)|diff\..+\.(?:textconv|command)|"
+    r"merge\..+\.driver|(?:difftool|mergetool|browser|man)\..+\.(?:cmd|path)|"
+    r"gpg\..+\.program|remote\..+\.(?:uploadpack|receivepack)|interactive\.difffilter|"
+    r"core\.gitproxy|uploadpack\.packobjectshook|web\.browser")
+# … and those whose value names code in a file or folder (hooks, an included config):
+GIT_CODE_FILE_SETTINGS = re.compile(r"core\.hookspath|include\.path|includeif\..+\.path|"
+                                    r"init\.templatedir")
+# git's own commands: an alias never replaces one, so only other names are looked up
+GIT_COMMANDS = set("""add am annotate apply archive bisect blame branch bundle cat-file
+    check-ignore checkout cherry cherry-pick citool clean clone commit commit-tree config
+    count-objects credential describe diff diff-files diff-index diff-tree difftool fetch
+    filter-branch for-each-ref format-patch fsck gc grep gui hash-object help init instaweb
+    log ls-files ls-remote ls-tree maintenance merge merge-base mergetool mv name-rev notes
+    prune pull push range-diff read-tree rebase reflog remote repack replace reset restore
+    rev-list rev-parse revert rm send-email shortlog show show-ref sparse-checkout stash
+    status submodule switch symbolic-ref tag update-index update-ref var verify-commit
+    version whatchanged worktree write-tree lfs""".split())
+# Other programs' options that run a command (tar -I, zip -TT, gdb -ex 'shell …'):
+OPTION_PROGRAM_RUNNERS = {"zip", "scp", "gdb", "lldb", "make", "gmake", "emacs", "tcpdump",
+                          "socat", "nc", "ncat", "sed"}
+GDB_HARMLESS = {"run", "r", "bt", "backtrace", "info", "quit", "q", "continue", "c", "break",
+                "b", "next", "n", "step", "s", "list", "l", "where", "frame", "f", "thread",
+                "disassemble", "x", "up", "down", "finish", "kill", "detach", "set"}
 # git -c NAME=VALUE: settings whose value git runs as a command (alias.x='!cmd' too).
 GIT_PROGRAM_SETTINGS = {"core.editor", "core.pager", "core.sshcommand", "core.fsmonitor",
                         "sequence.editor", "diff.external", "gpg.program", "core.askpass",
@@ -1238,6 +1304,35 @@ def deleted_paths(call: Call) -> list[str]:
             o.startswith("--del") for o in call.arguments.longs):
         return in_working_directory(operands[-1], call.cmd.cwds)
     return []
+
+
+def unresolved_targets(call: Call) -> list[str]:
+    """Principle 1, what cannot be read cannot be approved by a rule: the targets of a
+    destructive command (what rm, shred, find -delete, rsync --delete, mv and a recursive
+    chmod or chown change) that stay unknown until the command runs ("$x", "$(cat f)").
+    A cached approval of `rm -rf build` says nothing about `rm -rf "$x"`: only a person
+    who sees the command may approve it, and with no terminal it is denied."""
+    name, args = call.name, call.arguments
+    if name in ("chmod", "chown", "chgrp") and not recursive(call):
+        return []
+    if name == "find":
+        targets = find_start_points(call.args) if "-delete" in call.args else []
+    elif name == "rsync":
+        deletes = any(o.startswith("--del") for o in args.longs)
+        targets = args.operands[-1:] if deletes else []
+    else:
+        targets = args.operands
+    wanted = set(targets)
+    return [w.text for w in call.words if w.text in wanted and is_unresolved(w)]
+
+
+def is_unresolved(word: Word) -> bool:
+    """A word with a part known only at run time that resolve() cannot fill in
+    ($HOME and ~ it can; $x, $(cat f) and `…` it cannot)."""
+    return word.computed and bool(_RUN_TIME_PART.search(resolve(word.text)))
+
+
+_RUN_TIME_PART = re.compile(r"[$`]")
 
 
 def find_start_points(args: list) -> list[str]:
@@ -1452,7 +1547,7 @@ _SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*e(?:
 
 def sed_commands(args: list) -> list[str]:
     """The shell commands a sed script runs with e (the script: -e values or the first
-    operand). s///e (run the pattern space) is not read: a documented limit."""
+    operand). s///e runs the pattern space: sed_substitution_programs()."""
     parsed = split_arguments(args, TAKES_VALUE["sed"])
     scripts = [v for o, v in parsed.values.items() if o in ("-e", "--expression")]
     scripts = scripts or parsed.operands[:1]
@@ -1842,11 +1937,15 @@ def piped_text(commands, depth: int = 0) -> list[str]:
 def printed_text(call: Call) -> str | None:
     """What echo or printf prints, when it is plain: echo [-n|-e] words, printf FORMAT
     with backslash escapes and at most one %s. None when unsure (other % formats)."""
-    args = [_expand_home(a) if a[:1] == "~" else a for a in call.args]   # echo ~: home
-    escapes = call.name == "printf"
-    while call.name == "echo" and args and re.fullmatch(r"-[neE]+", args[0]):
+    return printed(call.name, call.args)
+
+
+def printed(name: str, args: list) -> str | None:
+    args = [_expand_home(a) if a[:1] == "~" else a for a in args]   # echo ~: home
+    escapes = name == "printf"
+    while name == "echo" and args and re.fullmatch(r"-[neE]+", args[0]):
         escapes = "e" in args.pop(0)
-    if call.name == "echo":
+    if name == "echo":
         text = " ".join(args)
         return _ANSI_C_ESCAPE.sub(_ansi_c_character, text) if escapes else text
     if not args:
@@ -1936,6 +2035,7 @@ class Word(NamedTuple):
     quoted: bool               # some of it was quoted or escaped
     computed: bool             # some of it is known only at run time ($var, $(…), `…`)
     subs: tuple                # the commands that run to produce it ($(…), `…`, <(…))
+    could_be: tuple = ()       # what a computed word may turn out to be: "${a:-/}" -> "/"
 
 
 class _Command:
@@ -1968,6 +2068,11 @@ class _State:
         self.aliases = {}        # alias x='rm -rf /'; x
         self.renamed = {}        # cp /bin/rm x; ./x -rf ~: x -> rm
         self.called = set()      # functions called outside their own body
+        self.possible = {}       # for d in / x; …: d is one of ("/", "x")
+        self.arrays = {}         # a=(/ x): the array's words
+        self.functions = {}      # f() { rm -rf "$1"; }: f's body, read again per call
+        self.exported = {}       # export PAGER=…: the code variables later commands get
+        self.git_aliases = {}    # git config alias.x '!…'; git x
 
 
 class _WordBuilder:
@@ -1975,6 +2080,7 @@ class _WordBuilder:
         self.parts, self.quoted, self.computed, self.subs = [], False, False, []
         self.tilde = False       # it starts with an unquoted ~ (expanded by the shell)
         self.brace = False       # an unquoted { (brace expansion: {rm,-rf,/})
+        self.alternatives = []   # (text as written, values it may have): ${a:-/}, $d
 
     def words(self) -> list[Word]:
         pieces, current = [], []
@@ -1993,7 +2099,15 @@ class _WordBuilder:
         if self.brace:
             pieces = [e for p in pieces for e in expand_word_braces(p)]
         subs = tuple(self.subs)
-        return [Word(p, self.quoted, self.computed, subs) for p in pieces]
+        could_be = self.could_be() if len(pieces) == 1 else ()
+        return [Word(p, self.quoted, self.computed, subs, could_be) for p in pieces]
+
+    def could_be(self) -> tuple:
+        """The word's text with each unknown part replaced by each value it may have."""
+        text = "".join(p for p in self.parts if p is not _SPLIT)
+        return tuple(itertools.islice((text.replace(written_as, value, 1)
+                                       for written_as, values in self.alternatives
+                                       for value in values), 16))
 
 
 def expand_word_braces(text: str) -> list[str]:
@@ -2012,6 +2126,9 @@ _WORD_END = frozenset(" \t\n;&|()<>")
 _OPERATOR = re.compile(r";;&?|;&|;|&&|&>>?|&|\|\||\|&?|\n|<<<|<<-?|<>|<&|>>|>\||>&|<|>")
 _REDIRECTS = {"&>", "&>>", "<<<", "<<", "<<-", "<>", "<&", ">>", ">|", ">&", "<", ">"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PARAMETER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#]")
+_DEFAULT_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(:?[-=+])(.*)", re.S)
+_ARRAY_ELEMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[(@|\*|[0-9]+)\]")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 _BACKTICK_BODY = re.compile(r"[^`\\]*(?:\\.[^`\\]*)*", re.S)
 _ANSI_C_STRING = re.compile(r"[^'\\]*(?:\\.[^'\\]*)*", re.S)
@@ -2216,8 +2333,10 @@ class _Parser:
                     if first.text == "}" and closer == "}":
                         break
                 if [w.text for w in cmd.words[:1]] == ["function"] and first.text == "{":
-                    pos, cmd = self._group(pos, "}", up, pv, cmd.words[1].text.lower()
-                                           if len(cmd.words) > 1 else ""), self._new(up, pv)
+                    func = cmd.words[1].text.lower() if len(cmd.words) > 1 else ""
+                    start, pos = pos, self._group(pos, "}", up, pv, func)
+                    self.state.functions[func] = text[start:pos - 1]
+                    cmd = self._new(up, pv)
                     continue
                 if first.text.isdigit() and len(words) == 1 and text[end:end + 1] in ("<", ">"):
                     continue                             # 2>file: a descriptor, not a word
@@ -2273,14 +2392,20 @@ class _Parser:
             closer = {"{": "}", "(": ")"}.get(text[start:start + 1], "")
             if closer:
                 end = self._group(start + 1, closer, up, pv, names[-1].lower())
+                self.state.functions[names[-1].lower()] = text[start + 1:end - 1]
                 return end, self._new(up, pv)
             return start, self._new(up, pv)
         if names and names[-1].endswith("=") and text[pos - 1:pos] == "=":
-            end = pos + 1                                # an array: words, not commands
+            end, items = pos + 1, []                     # an array: words, not commands
             while end < len(text) and text[end] != ")":
                 self._tick()
-                end = max(self._word(_BLANKS.match(text, end).end())[1], end + 1)
-            cmd.words.pop()
+                words, word_end = self._word(_BLANKS.match(text, end).end())
+                items += words
+                end = max(word_end, end + 1)
+            name = cmd.words.pop().text.rstrip("=+")
+            self.state.arrays[name] = [w.text for w in items]
+            if any(w.computed for w in items):
+                self.state.arrays.pop(name)              # a=($x): its words are unknown
             return end + 1, cmd
         if not names:
             return self._group(pos + 1, ")", up, pv), cmd
@@ -2470,8 +2595,7 @@ class _Parser:
             self._parameter(name.group(), "$" + name.group(), builder, quoted)
             return name.end()
         if following and following in "@*#?$!-0123456789":
-            builder.parts.append("$" + following)
-            builder.computed = True
+            self._parameter(following, "$" + following, builder, quoted)
             return pos + 2
         builder.parts.append("$")
         return pos + 1
@@ -2481,9 +2605,14 @@ class _Parser:
             builder.parts.append(" " if quoted else _SPLIT)
             return
         value = self.state.variables.get(name)
+        cwds = self.state.cwds
+        if name == "PWD" and name not in self.state.variables and len(cwds) == 1:
+            value = cwds[0]                              # "$PWD"/../..: where it runs
         if value is None or (self.state.ifs is None and not quoted):
             builder.parts.append(written_as)             # unknown, or split in unknown ways
             builder.computed = True
+            if name in self.state.possible:              # for d in / x: d is / or x
+                builder.alternatives.append((written_as, self.state.possible[name]))
         else:
             self._tick(len(value) // 256)                # expansions count against the budget
             self._append_value(value, builder, quoted)
@@ -2516,15 +2645,51 @@ class _Parser:
         inner = text[pos + 2:end]
         if "$(" in inner or "`" in inner:                 # ${x:-$(reboot)} runs reboot
             _Parser(inner, self.state, self.depth + 1)._double_quoted(0, _WordBuilder(), "")
-        name = _NAME.fullmatch(inner)
+        name = _PARAMETER.fullmatch(inner)
+        default = _DEFAULT_VALUE.fullmatch(inner)
+        element = _ARRAY_ELEMENT.fullmatch(inner)
         if name:
             self._parameter(inner, "${" + inner + "}", builder, quoted)
         elif inner.startswith("IFS") and inner[3:4] in ":-=+?#%/^,@[":
             builder.parts.append(" " if quoted else _SPLIT)   # ${IFS:0:1}
+        elif default:
+            self._default_value(default, builder, quoted)
+        elif element and element.group(1) in self.state.arrays:
+            self._array_element(element.group(1), element.group(2), builder)
         else:
             builder.parts.append("${" + inner + "}")
             builder.computed = True
         return end + 1
+
+    def _default_value(self, match, builder, quoted):
+        """${a:-word}, ${a-word}, ${a:=word}, ${a=word}, ${a:+word}, ${a+word}: with a
+        unknown, the word is one of the values it may have (rm -rf "${a:-/}" may be
+        rm -rf /); with a known, the value bash would give."""
+        name, operator, word = match.groups()
+        inner = _WordBuilder()
+        _Parser(word, self.state, self.depth + 1)._double_quoted(0, inner, "")
+        word_text = "".join(p for p in inner.parts if p is not _SPLIT)
+        value = self.state.variables.get(name)
+        if value is None:
+            written_as = "${" + match.group() + "}"
+            builder.parts.append(written_as)
+            builder.computed = True
+            builder.alternatives.append((written_as, (word_text,)))
+            return
+        empty_counts = ":" in operator                   # ${a:-x}: an empty a counts as unset
+        use_word = (value != "" or not empty_counts) if "+" in operator else (
+            value == "" and empty_counts)
+        self._append_value(word_text if use_word else value, builder, quoted)
+
+    def _array_element(self, name, index, builder):
+        """${a[@]}, ${a[*]}, ${a[0]} of an array assigned in the same input: a=(/ x)."""
+        items = self.state.arrays[name]
+        if index not in ("@", "*"):
+            items = items[int(index):int(index) + 1]
+        for k, item in enumerate(items):
+            if k:
+                builder.parts.append(_SPLIT)
+            builder.parts.append(item)
 
     def _substitution(self, pos, builder, start, quoted):
         """$( … ), <( … ), >( … ): read the commands inside, one level deeper."""
@@ -2568,7 +2733,9 @@ class _Parser:
         state.commands.append(cmd)
         cmd.cwds, cmd.called = state.cwds, state.called
         self._remember_assignments(cmd)
+        self._remember_loop_variable(cmd)
         cmd.call = self._unwrap(cmd)
+        self._remember_values(cmd.call, cmd)
         self._remember_files(cmd)
         if cmd.call.name in ("cd", "pushd", "popd"):
             self._change_directory(cmd.call)
@@ -2594,13 +2761,81 @@ class _Parser:
         for target in targets if name in ("echo", "printf", "cat", "tee") else ():
             self.state.scripts[posixpath.basename(target)] = cmd   # its text: written_text
 
+    def _assign(self, name, value):
+        """name=value, as _remember_assignments() does it; None: unknown from now on."""
+        known = self.state.variables
+        if value is not None and (len(value) > MAX_VALUE_CHARS or known.get(name, value) != value):
+            value = None
+        known[name] = value
+        self.state.possible.pop(name, None)
+
+    def _remember_loop_variable(self, cmd):
+        """for d in / x; do …: $d is one of the words (select likewise)."""
+        words = cmd.words
+        if len(words) < 3 or words[0].text not in ("for", "select") or words[0].quoted \
+                or words[2].text != "in" or not _NAME.fullmatch(words[1].text):
+            return
+        items = [w.text for w in words[3:]]
+        self._assign(words[1].text, None)
+        if items and not any(w.computed for w in words[3:]):
+            self.state.possible[words[1].text] = tuple(items[:16])
+
+    def _remember_values(self, call, cmd):
+        """What set --, printf -v and read assign: set -- /; rm -rf "$1" is rm -rf /."""
+        name, args = call.name, call.args
+        if name == "set" and args and (args[0] == "--" or args[0][:1] not in ("-", "+")):
+            values = args[1:] if args[0] == "--" else args
+            if any(w.computed for w in call.words):
+                values = None
+            for k in range(1, 10):
+                self._assign(str(k), None if values is None else
+                             values[k - 1] if k <= len(values) else "")
+            self._assign("@", None if values is None else " ".join(values))
+            self._assign("*", None if values is None else " ".join(values))
+        elif name == "printf" and "-v" in args[:-1]:
+            at = args.index("-v")
+            text = printed("printf", args[at + 2:]) if not any(
+                w.computed for w in call.words) else None
+            self._assign(args[at + 1], text)
+        elif name == "read":
+            parsed = split_arguments(args, {"-a", "-d", "-n", "-N", "-p", "-t", "-u", "-i"})
+            names = [n for n in parsed.operands if _NAME.fullmatch(n)] or ["REPLY"]
+            line = cmd.stdin[0].split("\n")[0] if len(cmd.stdin) == 1 else None
+            pieces = line.split(None, len(names) - 1) if line is not None else []
+            for k, variable in enumerate(names):
+                self._assign(variable, None if line is None else
+                             pieces[k] if k < len(pieces) else "")
+
+    def _run_function(self, name, args):
+        """f /: the body of f() read again with $1 … set to the call's words."""
+        body = self.state.functions.pop(name)            # not inside its own body
+        known = self.state.variables
+        saved = {key: known.get(key) for key in [*map(str, range(1, 10)), "@", "*"]}
+        if any(w.computed for w in args):
+            texts = None
+        else:
+            texts = [w.text for w in args]
+        for k in range(1, 10):
+            known[str(k)] = None if texts is None else texts[k - 1] if k <= len(texts) else ""
+        known["@"] = known["*"] = None if texts is None else " ".join(texts)
+        try:
+            self._payload(body, func=name)
+        finally:
+            known.update(saved)
+            self.state.functions[name] = body
+
     def _remember_assignments(self, cmd):
         """a=rm; $a -rf /: a value assigned in the same input is filled in later.
         A name assigned two different values is unknown from then on, and so is a value
         longer than MAX_VALUE_CHARS (b=$a$a$a… would grow exponentially)."""
         words = cmd.words
         if words and words[0].text in ("export", "declare", "local", "readonly", "typeset"):
+            exported = words[0].text == "export" or any(w.text.startswith("-") and "x" in
+                                                         w.text for w in words[1:])
             words = [w for w in words[1:] if not w.text.startswith("-")]
+            for word in words if exported else ():
+                if is_code_setting(word.text):
+                    self.state.exported[word.text.partition("=")[0]] = word
         if not words or not _ASSIGNMENT.match(words[0].text) or not all(
                 _ASSIGNMENT.match(w.text) for w in words):
             return
@@ -2613,6 +2848,7 @@ class _Parser:
             if word.computed or len(value) > MAX_VALUE_CHARS or known.get(name, value) != value:
                 value = None
             known[name] = value
+            self.state.possible.pop(name, None)
             if name == "IFS":                            # IFS=,; x=rm,-rf,/; $x
                 self.state.ifs = value if value is None or len(value) <= 16 else None
 
@@ -2622,9 +2858,14 @@ class _Parser:
         words, tags = words or cmd.words, set(cmd.tags)
         texts = [w.text for w in words]
         feeder, i = None, 0          # xargs or parallel and its options: they add words
+        settings = []                # X=1 cmd, env X=1 cmd: the variables it runs with
         while i < len(words):
             name = _command_name(texts[i])
-            if _ASSIGNMENT.match(texts[i]) or name in KEYWORDS:
+            if _ASSIGNMENT.match(texts[i]) or _EXPORTED_FUNCTION.match(texts[i]):
+                settings.append(words[i])
+                i += 1
+                continue
+            if name in KEYWORDS:
                 i += 1
                 continue
             if name in NOT_A_COMMAND or name not in WRAPPERS:
@@ -2658,6 +2899,12 @@ class _Parser:
             if i >= cut:                                 # parallel ::: 'rm -rf /'
                 for line in items:
                     self._payload(line)
+        if i < len(words) and not alternative and (settings or self.state.exported):
+            exported, self.state.exported = self.state.exported, {}   # not again inside
+            try:                                                       # what they run
+                self._run_settings([*exported.values(), *settings], tags)
+            finally:
+                self.state.exported = exported
         if i >= len(words) or _command_name(texts[i]) in NOT_A_COMMAND:
             return self._call("", [], cmd, tags)
         name, args = _command_name(texts[i]), words[i + 1:]
@@ -2667,8 +2914,56 @@ class _Parser:
             self._other_names(cmd, words, i, name, tags)
         if feeder:                                       # echo / | xargs rm -rf
             args = fed_arguments(args, feeder, cmd, self.state.scripts, items)
+        if args and name in self.state.functions and not alternative:
+            self._run_function(name, args)
         self._run_carried(name, args, [w.text for w in args], tags)
         return self._call(name, args, cmd, tags, "" if words[i].computed else texts[i])
+
+    def _run_settings(self, settings, tags):
+        """Variables that make a program run code: a command line in one (PAGER=…,
+        PROMPT_COMMAND=…) is read like sh -c; one that names a file of code (LD_PRELOAD,
+        BASH_ENV) or is computed cannot be read, and needs a person (principle 1)."""
+        values = {}
+        for word in settings:
+            name, _, value = word.text.partition("=")
+            name = name.rstrip("+")
+            values[name] = value
+            if name in COMMAND_VARIABLES:
+                if is_unresolved(word):
+                    tags.add("unreadable_code")
+                elif name.startswith("PS"):              # $(…) in a prompt runs each time
+                    _Parser(value, self.state, self.depth + 1)._double_quoted(
+                        0, _WordBuilder(), "")
+                else:
+                    self._option_program(value.lstrip("|-"), tags, "code_variable")
+            elif name in CODE_FILE_VARIABLES and value not in ("", "/dev/null"):
+                tags.add("unreadable_code")
+            elif name in OPTION_VARIABLES and (word.computed or _LOADS_CODE.search(value)):
+                tags.add("unreadable_code")
+            elif _EXPORTED_FUNCTION.match(word.text):
+                self._payload(value.removeprefix("()"))
+        for key, value, computed in git_config_from_environment(values, settings):
+            program = git_setting_program(key, value)
+            if program is None or (program and computed):
+                tags.add("unreadable_code")
+            elif program:
+                self._option_program(program, tags, "code_variable")
+                self._remember_git_alias(key, program)
+
+    def _option_program(self, program, tags, tag="program_option"):
+        """A command line an option, a variable or a setting makes a program run: read
+        like sh -c, and a finding unless it names a harmless program (PAGER=less).
+        None: it cannot be read (a file of code, gdb's python): only a person decides."""
+        if program is None:
+            tags.add("unreadable_code")
+            return
+        if _command_name((program.split() or [""])[0]) not in HARMLESS_PROGRAMS:
+            tags.add(tag)
+        self._payload(program)
+
+    def _remember_git_alias(self, key, program):
+        if key.startswith("alias."):
+            self.state.git_aliases[key[len("alias."):]] = program
 
     def _other_names(self, cmd, words, i, name, tags):
         """What else the command word may run: each known command a glob names
@@ -2722,9 +3017,11 @@ class _Parser:
             for k, text in enumerate(args):              # -o ProxyCommand=CMD runs here
                 option = args[k + 1] if text == "-o" and k + 1 < len(args) else (
                     text[2:] if text.startswith("-o") else "")
-                key, _, value = option.replace(" ", "=", 1).partition("=")
+                key, value = _SSH_OPTION.match(option).groups()  # Key=value, Key value
                 if key.lower() in ("proxycommand", "localcommand"):
-                    self._payload(value)
+                    self._option_program(value, tags)
+            for program in option_programs(name, args):  # scp -S PROGRAM
+                self._option_program(program, tags)
             start = first_operand(args, set("-b -c -D -E -e -F -I -i -J -L -l -m -O -o -p "
                                             "-Q -R -S -W -w -B".split()))
             if name == "ssh":                            # the remote shell joins them too
@@ -2738,12 +3035,11 @@ class _Parser:
                     self.state.aliases[alias] = value
         elif name == "trap" and args and not args[0].startswith("-"):
             self._payload(args[0])                       # trap 'rm -rf /' EXIT
-        elif name in PROGRAM_OPTIONS or name == "git":
-            programs = programs_named(name, args) if name != "git" else git_programs(args)
-            for program in programs:
-                if _command_name((program.split() or [""])[0]) not in HARMLESS_PROGRAMS:
-                    tags.add("program_option")
-                self._payload(program)
+        elif name == "git":
+            self._run_git(args, words, tags)
+        elif name in PROGRAM_OPTIONS:
+            for program in programs_named(name, args):
+                self._option_program(program, tags)
         elif name in EDITORS:                            # vim -c '!rm -rf ~', less +'!…'
             for command in editor_commands(name, args):
                 if command.startswith("!"):
@@ -2753,6 +3049,32 @@ class _Parser:
         else:
             for line in carried_commands(name, args):   # tmux, screen, docker exec, sed e
                 self._payload(line)
+            for program in option_programs(name, args):  # zip -TT, gdb -ex 'shell …'
+                self._option_program(program, tags)
+
+    def _run_git(self, args, words, tags):
+        """git runs commands of its own: -c settings, submodule foreach, rebase -x,
+        bisect run, filter-branch; git config plants one for later; git x runs alias x
+        (defined in the same input, or in a config file the detector reads)."""
+        for program in git_programs(args):
+            self._option_program(program, tags)
+        planted = git_config_written(args, words)
+        if planted is not None:
+            key, value, computed = planted
+            program = git_setting_program(key, value)
+            if program is None or (program and computed):
+                tags.add("unreadable_code")
+            elif program:
+                self._option_program(program, tags, "plants_command")
+                self._remember_git_alias(key, program)
+        verb_at = first_operand(args, TAKES_VALUE["git"])
+        verb = args[verb_at] if verb_at < len(args) else ""
+        if verb and verb not in GIT_COMMANDS:
+            alias = self.state.git_aliases.get(verb)
+            if alias is None:
+                alias = git_alias_on_disk(verb, self.state.cwds, self.state.files)
+            if alias:
+                self._payload(" ".join([alias, *map(_quote, args[verb_at + 1:])]))
 
     def _find_exec(self, args):
         """find … -exec CMD {} ; (also -execdir, -ok, -okdir): CMD runs per file. {}
@@ -2772,11 +3094,12 @@ class _Parser:
                 i = end
             i += 1
 
-    def _payload(self, text, tags=()):
+    def _payload(self, text, tags=(), func=None):
         if not text.strip():
             return
         cwds = self._save_cwds()                         # sh -c 'cd /; …': a child shell
-        _Parser(text, self.state, self.depth + 1, self.func, tags).command_list(0)
+        _Parser(text, self.state, self.depth + 1, self.func if func is None else func,
+                tags).command_list(0)
         self._restore_cwds(cwds)
 
 
@@ -2808,19 +3131,238 @@ def fed_arguments(args: list, feeder: tuple, cmd, scripts: dict, items=None) -> 
     return args + [Word(item, False, False, ()) for item in items]
 
 
-def git_programs(args: list) -> list[str]:
-    """git -c alias.x='!CMD' and -c core.pager=CMD (GIT_PROGRAM_SETTINGS): programs."""
+def git_programs(args: list) -> list:
+    """git -c alias.x='!CMD' and -c core.pager=CMD (git_setting_program()), and the
+    commands git runs for submodule foreach CMD, rebase -x CMD, bisect run CMD…,
+    filter-branch --tree-filter CMD and difftool -x CMD. None: cannot be read."""
     programs, end = [], first_operand(args, TAKES_VALUE["git"])
     for k, text in enumerate(args[:end]):
         setting = args[k + 1] if text == "-c" and k + 1 < end else text[2:] if (
             text.startswith("-c") and "=" in text) else ""
         key, _, value = setting.partition("=")
-        key = key.lower()
-        if key.startswith("alias.") and value.startswith("!"):
-            programs.append(value[1:])
-        elif key in GIT_PROGRAM_SETTINGS or key.startswith("pager."):
-            programs.append(value)
+        program = git_setting_program(key, value)
+        if program != "":
+            programs.append(program)
+    verb, rest = (args[end], args[end + 1:]) if end < len(args) else ("", [])
+    if verb == "submodule" and "foreach" in rest:
+        after = rest[rest.index("foreach") + 1:]
+        programs.append(" ".join(a for a in after if a not in ("--recursive", "-q", "--quiet")))
+    elif verb == "bisect" and rest[:1] == ["run"]:
+        programs.append(" ".join(map(_quote, rest[1:])))
+    elif verb in ("rebase", "difftool", "filter-branch"):
+        takes = {"-x", "--exec", "--extcmd"} | {o for o in GIT_FILTERS}
+        for option, value in split_arguments(rest, takes).values.items():
+            if option in takes:
+                programs.append(value)
     return programs
+
+
+GIT_FILTERS = ("--tree-filter", "--index-filter", "--msg-filter", "--env-filter",
+               "--commit-filter", "--parent-filter", "--tag-name-filter")
+
+
+def git_setting_program(key: str, value: str) -> str | None:
+    """The command line a git setting makes git run ("" when it runs none; None when it
+    names code in a file or folder that cannot be read: core.hooksPath, include.path)."""
+    key = key.lower()
+    if key.startswith("alias."):
+        return value[1:] if value.startswith("!") else ""
+    if GIT_CODE_FILE_SETTINGS.fullmatch(key):
+        return None
+    if key == "core.fsmonitor" and value.lower() in ("true", "false", ""):
+        return ""                                         # git's own daemon
+    if key in GIT_PROGRAM_SETTINGS or GIT_PROGRAM_PATTERNS.fullmatch(key):
+        return value[1:] if key.startswith("credential.") and value[:1] == "!" else value
+    return ""
+
+
+def git_config_written(args: list, words: list) -> tuple | None:
+    """git config [--global|--file F …] KEY VALUE, git config set KEY VALUE, --add,
+    --replace-all: (key, value, computed?) of the setting written; None if it writes none."""
+    verb_at = first_operand(args, TAKES_VALUE["git"])
+    if args[verb_at:verb_at + 1] != ["config"]:
+        return None
+    parsed = split_arguments(args, {"-f", "--file", "--blob", "--type", "--default",
+                                    "--comment", "--value"}, verb_at + 1)
+    reads = {"--get", "--get-all", "--get-regexp", "--get-urlmatch", "--list", "--unset",
+             "--unset-all", "--rename-section", "--remove-section", "--edit", "-l", "-e"}
+    operands = parsed.operands
+    if operands[:1] == ["set"]:
+        operands = operands[1:]
+    elif operands[:1] and operands[0] in ("get", "unset", "list", "edit", "rename-section",
+                                          "remove-section"):
+        return None
+    if reads.intersection(parsed.longs) or {"l", "e"} & parsed.letters or len(operands) < 2:
+        return None
+    computed = any(w.computed for w in words if w.text == operands[1])
+    return operands[0], operands[1], computed
+
+
+def git_config_from_environment(values: dict, settings: list) -> list[tuple]:
+    """GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=alias.x GIT_CONFIG_VALUE_0='!cmd', and
+    GIT_CONFIG_PARAMETERS="'alias.x'='!cmd'": (key, value, computed?) for each setting."""
+    computed_names = {w.text.partition("=")[0] for w in settings if w.computed}
+    found = []
+    count = values.get("GIT_CONFIG_COUNT", "")
+    for k in range(min(int(count), 64) if count.isdigit() else 0):
+        key, value = values.get(f"GIT_CONFIG_KEY_{k}"), values.get(f"GIT_CONFIG_VALUE_{k}", "")
+        if key is not None:
+            found.append((key, value, f"GIT_CONFIG_VALUE_{k}" in computed_names
+                          or f"GIT_CONFIG_KEY_{k}" in computed_names))
+    for key, value in _GIT_CONFIG_PARAMETER.findall(values.get("GIT_CONFIG_PARAMETERS", "")):
+        found.append((key, value, "GIT_CONFIG_PARAMETERS" in computed_names))
+    return found
+
+
+_GIT_CONFIG_PARAMETER = re.compile(r"'([^']*)'(?:='([^']*)')?")
+
+
+def git_alias_on_disk(verb: str, cwds: tuple, files: dict) -> str:
+    """The command of alias `verb` ("!cmd") in the git configuration this command would
+    read: the repository's .git/config (the nearest above the working directory), then
+    ~/.gitconfig and ~/.config/git/config. The files read count for the detector's cache."""
+    home = _paths().home
+    paths = [home + "/.gitconfig", home + "/.config/git/config"]
+    for cwd in cwds:
+        folder = cwd
+        while folder and folder != "/":
+            if os.path.isdir(folder + "/.git"):
+                paths.insert(0, folder + "/.git/config")
+                break
+            folder = posixpath.dirname(folder)
+    for path in paths:
+        data = files[path] = files.get(path) or file_head(path)
+        if not data or b"\0" in data:
+            continue
+        value = git_alias_in(data.decode("utf-8", "replace"), verb)
+        if value is not None:
+            return value[1:] if value.startswith("!") else ""
+    return ""
+
+
+def git_alias_in(config: str, verb: str) -> str | None:
+    """alias.<verb> in the text of a git config file ([alias] x = "!cmd"), or None."""
+    section = ""
+    for line in config.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line[1:].partition("]")[0].strip().lower()
+            continue
+        name, equals, value = line.partition("=")
+        if section == "alias" and equals and name.strip().lower() == verb.lower():
+            value = value.strip()
+            return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+    return None
+
+
+def option_programs(name: str, args: list) -> list:
+    """Command lines that options of these programs run: zip -TT CMD, scp -S PROGRAM,
+    gdb -ex 'shell CMD', lldb -o 'platform shell CMD', make --eval recipes, tcpdump -z,
+    socat EXEC:CMD, nc -e, sed's s///e. None for code that cannot be read (gdb -x FILE,
+    emacs --eval, sed's s///e runs the pattern space): only a person may approve it."""
+    if name == "zip":
+        return [args[k + 1] for k, a in enumerate(args[:-1]) if a in ("-TT", "--unzip-command")] \
+            + [a.partition("=")[2] for a in args if a.startswith("--unzip-command=")]
+    if name == "scp":
+        return [v for o, v in split_arguments(args, {"-S", "-o", "-F", "-i", "-P", "-l", "-J",
+                                                    "-c", "-D"}).values.items() if o == "-S"]
+    if name in ("gdb", "lldb"):
+        return debugger_programs(name, args)
+    if name in ("make", "gmake"):
+        return make_programs(args)
+    if name == "emacs":
+        return [None for a in args if a.split("=")[0] in ("--eval", "-eval", "--execute",
+                                                         "-l", "--load", "-f", "--funcall")]
+    if name == "tcpdump":
+        return [v for o, v in split_arguments(args, {"-z", "-w", "-r", "-i", "-C", "-G",
+                                                    "-W", "-s", "-c"}).values.items()
+                if o == "-z"]
+    if name == "socat":
+        return [a.split(":", 1)[1].split(",")[0] for a in args
+                if a.upper().startswith(("EXEC:", "SYSTEM:"))]
+    if name in ("nc", "ncat"):
+        parsed = split_arguments(args, {"-e", "-c", "--exec", "--sh-exec", "-p", "-s", "-w"})
+        return [v for o, v in parsed.values.items() if o in ("-e", "-c", "--exec", "--sh-exec")]
+    if name == "sed":
+        return sed_substitution_programs(args)
+    return []
+
+
+def debugger_programs(name: str, args: list) -> list:
+    """gdb -ex/-iex/--eval-command, lldb -o/-O/--one-line: 'shell CMD' and '!CMD' run
+    CMD; python, pipe and the like cannot be read; -x FILE and lldb -s FILE neither."""
+    commands, unreadable = [], 0
+    for k, option in enumerate(args):
+        value = args[k + 1] if k + 1 < len(args) else ""
+        key, equals, inline = option.partition("=")
+        if equals:
+            value = inline
+        if key in ("-ex", "-iex", "--eval-command", "-eval-command", "--init-eval-command",
+                   "-o", "-O", "--one-line", "--one-line-before-file", "-k"):
+            commands.append(value)
+        elif key in ("-x", "-command", "--command", "-init-command", "--init-command", "-s",
+                     "-S", "--source", "--source-before-file"):
+            unreadable += 1
+    programs = [None] * unreadable
+    for command in commands:
+        words = command.split(None, 2)
+        first = words[0] if words else ""
+        if first in ("shell", "!") or first.startswith("!"):
+            programs.append(command.lstrip("!").removeprefix("shell").strip())
+        elif words[:2] == ["platform", "shell"]:
+            programs.append(words[2] if len(words) > 2 else "")
+        elif first not in GDB_HARMLESS:
+            programs.append(None)
+    return programs
+
+
+def make_programs(args: list) -> list:
+    """make --eval TEXT and -E TEXT: the recipes in it (x:; CMD, or a tab-led line);
+    SHELL=PROGRAM on the command line: recipes run by a program that is no known shell."""
+    parsed = split_arguments(args, {"-E", "--eval", "-f", "--file", "-C", "--directory",
+                                    "-j", "--jobs", "-o", "-W", "-I"})
+    programs = []
+    for option, text in parsed.values.items():
+        if option in ("-E", "--eval"):
+            for line in text.split("\n"):
+                rule, semicolon, recipe = line.partition(";")
+                if line.startswith("\t"):
+                    recipe = line
+                elif not (semicolon and ":" in rule):
+                    continue
+                programs.append(recipe.strip().lstrip("@-+").replace("$$", "$"))
+    for operand in parsed.operands:
+        variable, equals, value = operand.partition("=")
+        if equals and variable.strip() in ("SHELL", ".SHELLFLAGS") and (
+                variable.strip() == ".SHELLFLAGS" or _command_name(value) not in SHELLS):
+            programs.append(None)
+    return programs
+
+
+def sed_substitution_programs(args: list) -> list:
+    """s/…/…/e runs the pattern space after the substitution as a command: what it
+    will be depends on the input, so it cannot be read (None); its replacement, a
+    command line more often than not, is read as well (s/.*/rm -rf ~/e)."""
+    parsed = split_arguments(args, TAKES_VALUE["sed"])
+    scripts = [v for o, v in parsed.values.items() if o in ("-e", "--expression")]
+    programs = []
+    for script in scripts or parsed.operands[:1]:
+        for match in _SED_SUBSTITUTION.finditer(script):
+            if "e" in match.group(4):
+                programs += [None, match.group(3).replace("\\" + match.group(1), match.group(1))]
+    return programs
+
+
+_SSH_OPTION = re.compile(r"\s*([^=\s]*)\s*=?\s*(.*)", re.S)
+_SED_SUBSTITUTION = re.compile(r"s(.)((?:\\.|(?!\1).)*)\1((?:\\.|(?!\1).)*)\1([a-zA-Z0-9]*)",
+                               re.S)
+
+
+def is_code_setting(assignment: str) -> bool:
+    """NAME=value of a variable that makes a program run code."""
+    name = assignment.partition("=")[0].rstrip("+")
+    return (name in COMMAND_VARIABLES or name in CODE_FILE_VARIABLES or name in OPTION_VARIABLES
+            or name.startswith("GIT_CONFIG_") or bool(_EXPORTED_FUNCTION.match(assignment)))
 
 
 EDITORS = {"vi", "vim", "nvim", "view", "ex", "vimdiff", "rvim", "gvim", "less"}
@@ -2892,9 +3434,13 @@ def programs_named(name: str, args: list) -> list[str]:
     """The values of a read-only tool's program options (rg --pre sh); a long option
     may be abbreviated (--compress-prog=sh), as GNU tools accept."""
     programs = PROGRAM_OPTIONS[name]
-    return [value for option, value in split_arguments(args, TAKES_VALUE[name]).values.items()
-            if option in programs or (option.startswith("--") and len(option) > 3
-                                      and any(p.startswith(option) for p in programs))]
+    values = [(option, value) for option, value in
+              split_arguments(args, TAKES_VALUE[name]).values.items()
+              if option in programs or (option.startswith("--") and len(option) > 3
+                                        and any(p.startswith(option) for p in programs))]
+    # tar --checkpoint-action=exec=CMD runs CMD; its other actions (dot, echo) run none
+    return [value.removeprefix("exec=") for option, value in values
+            if not "--checkpoint-action".startswith(option) or value.startswith("exec=")]
 
 
 def _stage_marks(stage: list) -> frozenset:
