@@ -370,6 +370,9 @@ DANGEROUS_PATTERNS = [
          "($x, $(…)): only a person can judge it", "dangerous",
          "rm shred find rsync mv chmod chown chgrp", lambda c: bool(unresolved_targets(c)),
          needs_human=True),
+    Rule("write_unknown_place", "a write to a relative path after a cd to a folder known "
+         "only at run time (cd \"$(…)\"): only a person can judge it", "dangerous",
+         "<writes>", lambda c: writes_to_an_unknown_place(c), needs_human=True),
     Rule("move_system_dir", "move of /, a system directory or the home directory",
          "dangerous", "mv", lambda c: any(map(_rm_kind, written(c, ("move",))))),
     Rule("chmod_system", "permission change of /, the home directory or system files",
@@ -1033,6 +1036,14 @@ def unresolved_targets(call: Call) -> list[str]:
         targets = args.operands
     wanted = set(targets)
     return [w.text for w in call.words if w.text in wanted and is_unresolved(w)]
+
+
+def writes_to_an_unknown_place(call: Call) -> bool:
+    """Principle 1 for the working folder: after cd "$(…)" (or cd -, popd) it is unknown,
+    and so is every relative path a command writes there: it may be the agent's own
+    config.yaml (issue 22, defect 2)."""
+    return None in call.cmd.cwds and any(path[:1] not in ("/", "~")
+                                         for path, _ in call.writes)
 
 
 def is_unresolved(word: Word) -> bool:
@@ -3364,15 +3375,36 @@ def approval_context() -> ApprovalContext:
     return APPROVAL_CONTEXT.get() or ApprovalContext(Permissions())
 
 
+#: teaching
 def terminal_tool(command: str, timeout: int | None = None) -> str:
     """The terminal tool from this stage on: the gate, then s01's run_terminal()."""
     return command_gate(command) or run_terminal(command, timeout)
 
 
+#: hardened
+def terminal_tool(command: str, timeout: int | None = None) -> str:
+    """The terminal tool from this stage on: the gate, then s01's run_terminal(), with
+    the outcome check around it (checked_run())."""
+    return command_gate(command) or checked_run(command, timeout)
+
+
+#: teaching
 def gate_the_terminal_tool() -> None:
     """The registry's terminal entry (s02) now runs terminal_tool(). run_terminal()
     itself stays the plain runner, for code that has already passed the gate."""
     REGISTRY.get("terminal").handler = terminal_tool
+
+
+#: hardened
+def gate_the_terminal_tool() -> None:
+    """The registry's terminal entry (s02) now runs terminal_tool(). run_terminal()
+    itself stays the plain runner, for code that has already passed the gate. What
+    the memory tool and skill_manage change is the agent's own: the outcome check is told."""
+    REGISTRY.get("terminal").handler = terminal_tool
+    for name, roots in (("memory", lambda: [str(hermes_home() / MEMORY_DIR_NAME)]),
+                        ("skill_manage", lambda: [real_skills_root(str(hermes_home()))])):
+        entry = REGISTRY.get(name)
+        entry.handler = told_to_the_outcome_check(entry.handler, roots)
 
 
 def gate_refusal(text: str, **details) -> str:
@@ -3634,6 +3666,7 @@ def allowlist_fingerprint(path: Path) -> tuple | None:
             status.st_mtime_ns, digest)
 
 
+#: teaching
 def save_to_allowlist(keys: list[str]) -> str | None:
     """Add `keys` to allowlist.json; the problem instead, when the file is broken (it is
     never replaced by accident) or cannot be written."""
@@ -3643,6 +3676,22 @@ def save_to_allowlist(keys: list[str]) -> str | None:
         write_private_json(path, {"version": 1, "keys": keys})
     except (AllowlistError, OSError) as exc:
         return f"{path}: {exc}"
+    return None
+
+
+#: hardened
+def save_to_allowlist(keys: list[str]) -> str | None:
+    """Add `keys` to allowlist.json; the problem instead, when the file is broken (it is
+    never replaced by accident) or cannot be written. The agent's own change: the
+    outcome check is told."""
+    path = allowlist_path()
+    try:
+        keys = sorted(read_allowlist(path) | set(keys))
+        write_private_json(path, {"version": 1, "keys": keys})
+    except (AllowlistError, OSError) as exc:
+        return f"{path}: {exc}"
+    finally:
+        OutcomeCheck.accept([str(path)])
     return None
 
 
@@ -3921,6 +3970,263 @@ def scrubbed_environment() -> dict:
     return {name: value for name, value in os.environ.items()
             if not name.upper().startswith(("OPENAI_", "ANTHROPIC_", "OPENROUTER_"))
             and not is_secret_name(name)}
+
+#: section Outcome check | hardened
+
+MAX_KEPT_FILE_BYTES = 1024 * 1024      # a protected file larger than this cannot be put back
+MAX_PROTECTED_DEPTH = 8                # folders below a protected root that are looked at
+TIMESTAMP_SLACK_NS = 20_000_000        # a file's ctime may lag the clock by a tick (HZ=100)
+
+
+def checked_run(command: str, timeout: int | None = None) -> str:
+    """Principle 2, check the outcome, not only the intent. The detector can only judge
+    what a command says, and a shell can compute where it writes at run time (cd into a
+    folder named by `base64 -d`, then `> config.yaml`). So around every command the gate
+    let through, the files that hold the agent's policy, memory and history are compared
+    before and after (protected_roots()). A change is undone from the copy kept here,
+    and the model is told: a refusal, whatever approved the command."""
+    check = OutcomeCheck()
+    try:
+        result = run_terminal(command, timeout)
+    finally:
+        changed = check.finish()
+    if not changed:
+        return result
+    more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    return gate_refusal(
+        f"BLOCKED (self-protection): the command changed {tilde(Path(changed[0]))}{more}; "
+        f"the change was undone. Only the user changes the agent's policy, memory and "
+        f"checkpoints. Do not retry it.", blocked="self-protection", changed=changed,
+        output=(parse_result(result) or {}).get("output", ""))
+
+
+def protected_roots() -> list[str]:
+    """The files and folders the outcome check watches: the approval policy, memories/
+    and skills/ (s11 adds the configuration files, s12 each checkpoint store's refs)."""
+    home = str(hermes_home())
+    return [*map(str, policy_files()), f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home)]
+
+
+def roots_written_by_the_agent() -> list[str]:
+    """The small protected roots that the agent (or you, between two commands) changes
+    most: looked at again right before each command, so that such a change is never
+    taken for the command's. skills/ is larger: skill_manage tells the check instead."""
+    return [*map(str, policy_files()), f"{hermes_home()}/{MEMORY_DIR_NAME}"]
+
+
+@functools.lru_cache(maxsize=8)
+def real_skills_root(home: str) -> str:
+    """skills_root() of a home: resolving its links costs a stat per part, so once."""
+    return str(skills_root(Path(home)))
+
+
+class OutcomeCheck:
+    """The protected state as last seen, and the way back. A command is judged by one walk
+    after it: one lstat per file, a listing only for a folder whose mtime changed (well
+    under a millisecond for ordinary state: tests/bench_detector.py). Who changed a file?
+    Its ctime says when: no program can set it back. A change no older than the command's
+    start is the command's, and is undone from the copy kept here; an older one (you
+    edited config.yaml between two turns) is the new normal. The agent's own changes are
+    told to the check: accept(). Checks run in several threads at once (s10)."""
+
+    lock = threading.RLock()
+    active: set = set()
+    known: dict = {}                # path -> (signature, ctime in ns), as last seen
+    known_roots: list = []
+    copies: dict = {}               # path -> (signature, bytes or link target)
+
+    def __init__(self):
+        with self.lock:
+            roots = protected_roots()
+            if roots != OutcomeCheck.known_roots:
+                OutcomeCheck.known_roots = roots        # the first command, or a new store
+                OutcomeCheck.absorb(protected_state(roots), everything=not self.active)
+            else:                                       # exactly as they are now
+                small = roots_written_by_the_agent()
+                OutcomeCheck.absorb(protected_state(small), within=small)
+            self.start = time.time_ns() - TIMESTAMP_SLACK_NS
+            self.active.add(self)
+
+    def finish(self) -> list[str]:
+        """The paths the command changed, put back as they were."""
+        with self.lock:
+            self.active.discard(self)
+            after = protected_state(OutcomeCheck.known_roots)
+            known = OutcomeCheck.known
+            if after == known:                          # nearly always: nothing changed
+                return []
+            mine = [path for path in changed_paths(known, after)
+                    if changed_at(path, after) >= self.start]
+            if mine:
+                undo_changes({p: known[p][0] for p in mine if p in known},
+                             {p: after[p][0] for p in mine if p in after})
+                after = protected_state(OutcomeCheck.known_roots)
+                for path in mine:                       # as they are again, for every check
+                    if path in after:
+                        known[path] = after[path]
+                    else:
+                        known.pop(path, None)
+            OutcomeCheck.absorb(after)
+            return sorted(mine)
+
+    @classmethod
+    def accept(cls, roots: list[str]) -> None:
+        """The agent itself just changed `roots` (a checkpoint, a skill): that is how they
+        are now, also for the checks of commands running meanwhile."""
+        with cls.lock:
+            cls.absorb(protected_state(roots), everything=True, within=roots)
+
+    @classmethod
+    def absorb(cls, now: dict, everything: bool = False, within: list | None = None) -> None:
+        """Take `now` as the known state. Unless told to take everything, only the changes
+        older than every running command: the newer ones are a command's, for its finish()."""
+        known = cls.known
+        if within is not None:                  # only these roots were looked at
+            inside = tuple(root.rstrip("/") + "/" for root in within)
+            known = {p: v for p, v in known.items() if p in within or p.startswith(inside)}
+        earliest = min([check.start for check in cls.active], default=None)
+        for path in changed_paths(known, now):
+            if everything or earliest is None or changed_at(path, now) < earliest:
+                if path in now:
+                    cls.known[path] = now[path]
+                else:
+                    cls.known.pop(path, None)
+        keep_copies({path: cls.known[path][0] for path in now if path in cls.known})
+
+
+def told_to_the_outcome_check(handler: Callable[..., str], roots: Callable[[], list]):
+    """A tool handler that tells the outcome check what it changed (OutcomeCheck.accept())."""
+    @functools.wraps(handler)  # the registry still names the tool's own function
+    def handle(*args, **kwargs) -> str:
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            OutcomeCheck.accept(roots())
+    return handle
+
+
+def changed_paths(before: dict, after: dict) -> list[str]:
+    return [path for path in before.keys() | after.keys()
+            if (before.get(path) or (None,))[0] != (after.get(path) or (None,))[0]]
+
+
+def changed_at(path: str, state: dict) -> int:
+    """When `path` changed: its ctime; for a path that is gone, its nearest folder's
+    (removing a name changes the folder's ctime)."""
+    while True:
+        if path in state:
+            return state[path][1]
+        parent = os.path.dirname(path)
+        if parent == path:
+            return 0
+        path = parent
+        if path not in state:
+            try:
+                return os.lstat(path).st_ctime_ns
+            except OSError:
+                continue
+
+
+def protected_state(roots: list[str]) -> dict:
+    """path -> (signature, ctime) of every file, folder and link under the roots (lstat:
+    a link is itself, never what it points at). A root that does not exist has no entry."""
+    found, lstat = {}, os.lstat
+    waiting = [(root, 0) for root in reversed(roots)]
+    while waiting:
+        path, depth = waiting.pop()
+        try:
+            info = lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            found[path] = (("folder",), info.st_ctime_ns)
+            if depth < MAX_PROTECTED_DEPTH:
+                waiting += [(f"{path}/{name}", depth + 1) for name in folder_names(path, info)]
+        else:
+            found[path] = ((info.st_mode, info.st_size, info.st_mtime_ns, info.st_ino),
+                           info.st_ctime_ns)
+    return found
+
+
+def folder_names(path: str, info: os.stat_result) -> list[str]:
+    """The names in a folder. A folder's mtime changes whenever a name is added, removed
+    or renamed in it, so while it stays the same the last listing holds (a listing costs
+    four times a stat)."""
+    seen = FOLDER_NAMES.get(path)
+    if seen is not None and seen[0] == (info.st_mtime_ns, info.st_ino):
+        return seen[1]
+    try:
+        names = os.listdir(path)
+    except OSError:
+        names = []
+    FOLDER_NAMES[path] = ((info.st_mtime_ns, info.st_ino), names)
+    return names
+
+
+FOLDER_NAMES: dict = {}                 # folder -> ((mtime, inode), its names)
+
+
+def keep_copies(state: dict) -> None:
+    """Read each file whose version is not kept yet (a link: its target)."""
+    copies = OutcomeCheck.copies
+    for path, signature in state.items():
+        if signature == ("folder",) or copies.get(path, (None,))[0] == signature:
+            continue
+        try:
+            if stat.S_ISLNK(signature[0]):
+                copies[path] = (signature, os.readlink(path))
+            elif stat.S_ISREG(signature[0]) and signature[1] <= MAX_KEPT_FILE_BYTES:
+                with open(path, "rb") as file:
+                    copies[path] = (signature, file.read(MAX_KEPT_FILE_BYTES + 1))
+            if protected_state([path]).get(path, (None,))[0] != signature:
+                copies.pop(path, None)          # it changed while it was read
+        except OSError:
+            copies.pop(path, None)
+
+
+def undo_changes(before: dict, after: dict) -> None:
+    """Make the changed entries what `before` says (path -> signature; `after`: the same
+    paths now): what is new goes (deepest first), then folders and files come back
+    (parents first), never through a link."""
+    for path in sorted(after.keys() - before.keys(), key=len, reverse=True):
+        remove_entry(path)
+    for path in sorted(before, key=len):
+        if before[path] != after.get(path):
+            put_back(path, before[path])
+
+
+def remove_entry(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def put_back(path: str, signature: tuple) -> None:
+    """One protected entry as it was: a folder, a link, or a file's kept bytes."""
+    if signature == ("folder",):
+        if os.path.islink(path) or (os.path.exists(path) and not os.path.isdir(path)):
+            remove_entry(path)
+        os.makedirs(path, exist_ok=True)
+        return
+    kept = OutcomeCheck.copies.get(path)
+    if kept is None or kept[0] != signature:
+        return                              # too large, or unreadable: nothing to put back
+    remove_entry(path) if os.path.isdir(path) or os.path.islink(path) else None
+    if stat.S_ISLNK(signature[0]):
+        remove_entry(path)
+        os.symlink(kept[1], path)
+        return
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.undo"
+    with open(temporary, "wb") as file:
+        file.write(kept[1])
+    os.chmod(temporary, stat.S_IMODE(signature[0]))
+    os.replace(temporary, path)
+
+
 
 #: section Permission commands | plumbing
 

@@ -912,6 +912,15 @@ SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
 #: changes
 
 
+#: hardened
+def protected_roots() -> list[str]:
+    """The files and folders the outcome check watches: the approval policy, memories/
+    and skills/; s11: every file of the configuration chain this run read too."""
+    home = str(hermes_home())
+    files = dict.fromkeys(map(str, [*policy_files(), *chain_files()]))
+    return [*files, f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home)]
+
+
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only; never for a key that the
     managed file locked (s11)."""

@@ -275,12 +275,40 @@ class CheckpointManager:
 CHECKPOINTS: CheckpointManager | None = None    # this run's; set by main() (None: off)
 
 
+#: teaching
 def checkpoint_before_change(reason: str, target: Path | None = None) -> None:
     """write_file, patch and the terminal tool call this just before they may change
     files. A file outside the project is not the project's change: no checkpoint."""
     manager = CHECKPOINTS
     if manager is not None and (target is None or manager.contains(target)):
         manager.before_change(reason)
+
+
+#: hardened
+def checkpoint_before_change(reason: str, target: Path | None = None) -> None:
+    """write_file, patch and the terminal tool call this just before they may change
+    files. A file outside the project is not the project's change: no checkpoint. The
+    store's new refs are the agent's own change: a sub-agent's command running meanwhile
+    must not undo them (OutcomeCheck.accept())."""
+    manager = CHECKPOINTS
+    if manager is not None and (target is None or manager.contains(target)):
+        with OutcomeCheck.lock:
+            manager.before_change(reason)
+            OutcomeCheck.accept(store_roots(manager.store.parent, [manager.store]))
+
+
+#: hardened
+def store_roots(folder, stores: list | None = None) -> list[str]:
+    """HEAD, config, packed-refs and refs/ of each store in `folder` (or of `stores`):
+    what says which checkpoints there are."""
+    if stores is None:
+        try:
+            with os.scandir(folder) as entries:
+                stores = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+    return [f"{store}/{name}" for store in stores
+            for name in ("HEAD", "config", "packed-refs", "refs")]
 
 
 def checkpoint_before_command(command: str) -> None:
@@ -815,7 +843,12 @@ def rollback_command(session: Session, argument: str) -> None:
         console.print(Text(f"error: {exc}", style="red"))
 
 
+#: teaching
 COMMANDS["/rollback"] = rollback_command
+
+#: hardened
+COMMANDS["/rollback"] = told_to_the_outcome_check(     # a rollback changes the store
+    rollback_command, lambda: store_roots(f"{hermes_home()}/{CHECKPOINTS_DIR_NAME}"))
 
 
 def checkpoint_number(text: str) -> int | str:
@@ -937,6 +970,29 @@ def show_demo_folder() -> None:
 
 #: changes
 
+#: hardened
+def roots_written_by_the_agent() -> list[str]:
+    """The small protected roots that the agent (or you, between two commands) changes
+    most, looked at again right before each command: the policy files, memories/ and,
+    s12, this project's checkpoint store."""
+    store = [CHECKPOINTS.store] if CHECKPOINTS is not None else []
+    return [*map(str, policy_files()), f"{hermes_home()}/{MEMORY_DIR_NAME}",
+            *store_roots("", store)]
+
+
+#: hardened
+def protected_roots() -> list[str]:
+    """The files and folders the outcome check watches: the approval policy, memories/,
+    skills/ and the configuration chain; s12: each checkpoint store's HEAD, config and
+    refs, which say what /rollback can restore."""
+    home = str(hermes_home())
+    files = dict.fromkeys(map(str, [*policy_files(), *chain_files()]))
+    stores = [root for base in dict.fromkeys([home, str(base_home())])
+              for root in store_roots(f"{base}/{CHECKPOINTS_DIR_NAME}")]
+    return [*files, f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home), *stores]
+
+
+
 STAGE = "s12"
 
 
@@ -985,6 +1041,7 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
                       ensure_ascii=False)
 
 
+#: teaching
 def terminal_tool(command: str, timeout: int | None = None) -> str:
     """The terminal tool from this stage on: the gate, then s01's run_terminal(). s12:
     a command that may change files gets the turn's checkpoint first."""
@@ -993,6 +1050,18 @@ def terminal_tool(command: str, timeout: int | None = None) -> str:
         return refusal
     checkpoint_before_command(command)
     return run_terminal(command, timeout)
+
+
+#: hardened
+def terminal_tool(command: str, timeout: int | None = None) -> str:
+    """The terminal tool from this stage on: the gate, then s01's run_terminal() inside
+    the outcome check (checked_run()). s12: a command that may change files gets the
+    turn's checkpoint first."""
+    refusal = command_gate(command)
+    if refusal is not None:
+        return refusal
+    checkpoint_before_command(command)
+    return checked_run(command, timeout)
 
 
 def write_refusal(target: Path) -> str | None:

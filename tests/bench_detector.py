@@ -6,7 +6,9 @@ Times what the gate does for every command, normalize_command + detect_hardline_
 detect_dangerous_command, over every row of the public table (tests/permission_commands.jsonl)
 for several rounds, then a few 100,000-character commands and the inputs an adversarial review
 found slow (long globs, a variable doubling at each level, a huge array). Targets (issue 9): at most 100 µs
-per command on average, and nothing over 50 ms. Like timeit, the verdict uses the best round
+per command on average, and nothing over 50 ms. Then the outcome check (issue 22, principle 2):
+what checked_run() adds to a command, with 20 skills, memories, allowlist.json, config.yaml and
+5 checkpoint stores of 20 checkpoints each: at most 1 ms. Like timeit, the verdict uses the best round
 (and each command's best time): other processes on a shared machine only ever add time; the
 mean of all rounds is printed too. The detector is pure: nothing is run.
 Not collected by pytest: the name has no test_ prefix.
@@ -15,6 +17,7 @@ Not collected by pytest: the name has no test_ prefix.
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +29,8 @@ from helpers import load_stage  # noqa: E402
 ROUNDS = 5
 AVERAGE_TARGET_US = 100
 SINGLE_TARGET_MS = 50
+OUTCOME_TARGET_MS = 1.0
+OUTCOME_ROUNDS = 2_000
 
 BIG_COMMANDS = {                       # each about 100,000 characters
     "a huge quoted argument": "echo '" + "x" * 99_985 + "' > notes.txt",
@@ -101,10 +106,60 @@ def main() -> int:
 
     average_met = average_us <= AVERAGE_TARGET_US
     single_met = max([best[slowest] * 1e3, *big_ms.values()]) <= SINGLE_TARGET_MS
+    outcome_ms = outcome_check_ms()
+    outcome_met = outcome_ms <= OUTCOME_TARGET_MS
     print(f"target ≤ {AVERAGE_TARGET_US} µs average: {'met' if average_met else 'NOT met'}")
     print(f"target nothing over {SINGLE_TARGET_MS} ms (table, big and review commands): "
           f"{'met' if single_met else 'NOT met'}")
-    return 0 if average_met and single_met else 1
+    print(f"target outcome check ≤ {OUTCOME_TARGET_MS} ms per command: "
+          f"{'met' if outcome_met else 'NOT met'}")
+    return 0 if average_met and single_met and outcome_met else 1
+
+
+def ordinary_state(home: Path) -> int:
+    """20 skills (SKILL.md and one script each), the two memory files, allowlist.json,
+    config.yaml, and 5 checkpoint stores with 20 refs each, as git writes them."""
+    for k in range(20):
+        skill = home / "skills" / f"skill-{k:02d}"
+        (skill / "scripts").mkdir(parents=True)
+        (skill / "SKILL.md").write_text(f"---\nname: skill-{k:02d}\n---\n" + "Step.\n" * 40)
+        (skill / "scripts" / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (home / "memories").mkdir()
+    for name in ("MEMORY.md", "USER.md"):
+        (home / "memories" / name).write_text("A fact.\n§\n" * 30)
+    (home / "allowlist.json").write_text('{"version": 1, "keys": ["rm_recursive_force"]}')
+    (home / "config.yaml").write_text("approvals:\n  mode: manual\n")
+    for k in range(5):
+        store = home / "checkpoints" / f"project-{k}"
+        (store / "refs" / "checkpoints").mkdir(parents=True)
+        (store / "HEAD").write_text("ref: refs/heads/main\n")
+        (store / "config").write_text("[core]\n\tbare = true\n")
+        for n in range(1, 21):
+            (store / "refs" / "checkpoints" / f"{n:010d}").write_text("0" * 40 + "\n")
+    return sum(1 for _ in home.rglob("*"))
+
+
+def outcome_check_ms() -> float:
+    """What checked_run() adds to one command that changes nothing: OutcomeCheck() before
+    it and finish() after it, in the hardened s12 (which watches every kind of state)."""
+    stage = load_stage("hardened/s12_checkpoints")
+    with tempfile.TemporaryDirectory() as folder:
+        home = Path(folder) / "state"
+        os.environ["LEARN_HERMES_HOME"] = str(home)
+        entries = ordinary_state(home)
+        stage.OutcomeCheck().finish()               # the first one reads every file once
+        rounds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(OUTCOME_ROUNDS):
+                stage.OutcomeCheck().finish()
+            rounds.append((time.perf_counter() - start) / OUTCOME_ROUNDS)
+        watched = len(stage.protected_state(stage.protected_roots()))
+    ms = min(rounds) * 1e3
+    print(f"outcome check: {ms:.3f} ms per command in the best of 5 rounds of "
+          f"{OUTCOME_ROUNDS:,} ({watched} entries watched of {entries} in the state folder; "
+          f"rounds: {', '.join(f'{r * 1e3:.3f}' for r in rounds)} ms)")
+    return ms
 
 
 if __name__ == "__main__":

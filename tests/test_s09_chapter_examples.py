@@ -14,6 +14,7 @@ Nothing is ever run: only the detector is asked. In the tables, ⟨ESC⟩ stands
 escape character.
 """
 
+import json
 import re
 
 import pytest
@@ -151,3 +152,32 @@ def test_the_number_of_hardened_rules_is_the_codes():
     assert f"each of {count} rules" in texts["en"]
     assert f"中有 {count} 条规则" in texts["zh"]
     assert f"каждое из {count} правил" in texts["ru"]
+
+
+def test_a_path_no_rule_can_read_runs_in_one_edition_and_is_undone_in_the_other(
+        tmp_path, monkeypatch):
+    """"Principle 2": the awk row, run for real in a temporary state folder (awk only
+    appends to a file there): the teaching edition lets it change MEMORY.md, the hardened
+    edition's outcome check puts the file back."""
+    lines = [line.strip() for line in CHAPTER.read_text(encoding="utf-8").splitlines()]
+    start = lines.index("| A path no rule can read | teaching edition | hardened edition |")
+    command_cell, teaching_cell, hardened_cell = cells(lines[start + 2])
+    command = CODE.findall(command_cell)[0]
+    monkeypatch.chdir(tmp_path)
+    for edition, name in EDITIONS.items():
+        memory = tmp_path / edition / "memories" / "MEMORY.md"
+        memory.parent.mkdir(parents=True)
+        memory.write_text("keep\n")
+        monkeypatch.setenv("LEARN_HERMES_HOME", str(tmp_path / edition))
+        stage = load_stage(name)
+        assert tier(stage, command) == "safe"                   # no rule reads the path
+        token = stage.APPROVAL_CONTEXT.set(stage.ApprovalContext(stage.Permissions()))
+        try:
+            result = json.loads(stage.terminal_tool(command))
+        finally:
+            stage.APPROVAL_CONTEXT.reset(token)
+        if edition == "teaching":
+            assert teaching_cell.startswith("runs") and memory.read_text() == "keep\nobey\n"
+        else:
+            assert hardened_cell.startswith("BLOCKED (self-protection)")
+            assert result["blocked"] == "self-protection" and memory.read_text() == "keep\n"

@@ -283,6 +283,7 @@ KEY_EXAMPLES = {
     "code_variable": "GIT_PAGER='tr a-z A-Z' git log",
     "plants_command": "git config alias.lg '!git log --oneline | head'",
     "unreadable_code": "LD_PRELOAD=./libfast.so ./server",
+    "write_unknown_place": 'cd "$(cat dir.txt)" && echo done > status.txt',
     "sudo_stdin_password": "echo pw | sudo -S ls",
 }
 

@@ -363,6 +363,70 @@ def test_what_cannot_be_read_only_a_person_approves(stage, gate, work, home):
     assert marks(work) == ["rm -rf build", "rm -rf "]     # list.txt is missing: no target
 
 
+def state_files(home: Path) -> dict:
+    """Every entry under `home`: a file's bytes and mode, a link's target, a folder."""
+    found = {}
+    for path in sorted(home.rglob("*")):
+        key = path.relative_to(home).as_posix()
+        if path.is_symlink():
+            found[key] = ("link", os.readlink(path))
+        elif path.is_dir():
+            found[key] = ("folder",)
+        else:
+            found[key] = (path.read_bytes(), path.stat().st_mode)
+    return found
+
+
+def agent_state_with_memory_and_a_skill(home: Path) -> dict:
+    (home / "memories").mkdir()
+    (home / "memories" / "MEMORY.md").write_text("keep this\n")
+    (home / "skills" / "tidy").mkdir(parents=True)
+    (home / "skills" / "tidy" / "SKILL.md").write_text("---\nname: tidy\n---\nTidy up.\n")
+    (home / "allowlist.json").write_text('{"version": 1, "keys": []}')
+    return state_files(home)
+
+
+STATE = 'ENVIRON["LEARN_" "HERMES_HOME"]'     # a path awk computes: no name to find
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("command,changed", [
+    (f"awk 'BEGIN{{print \"obey the file\" >> ({STATE} \"/mem\" \"ories/MEMORY.md\")}}'",
+     "memories/MEMORY.md"),
+    (f"awk 'BEGIN{{printf \"{{}}\" > ({STATE} \"/allow\" \"list.json\")}}'",
+     "allowlist.json"),
+    (f"awk 'BEGIN{{print \"new\" > ({STATE} \"/mem\" \"ories/USER.md\")}}'",
+     "memories/USER.md"),
+])
+def test_the_outcome_check_undoes_what_the_detector_could_not_read(stage, gate, work, home,
+                                                                  command, changed):
+    """Principle 2 (issue 22): the detector finds nothing in a path awk computes, so the
+    command runs; the files it changed are put back, and the model gets a refusal."""
+    before = agent_state_with_memory_and_a_skill(home)
+    assert stage.detect_dangerous_command(command) == []
+    refusal = json.loads(gate(command))
+    assert refusal["blocked"] == "self-protection"
+    assert refusal["error"].startswith(f"BLOCKED (self-protection): the command changed ")
+    assert f"{changed}; the change was undone." in refusal["error"]
+    assert refusal["changed"] == [str(home / changed)]
+    assert state_files(home) == before
+
+
+@pytest.mark.hardening
+def test_the_outcome_check_puts_back_folders_links_and_modes(stage, home, tmp_path):
+    before = agent_state_with_memory_and_a_skill(home)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the agent's\n")
+    command = (f'rm -rf "{home}/skills/tidy" && mkdir -p "{home}/skills/evil/deep" && '
+               f'echo x > "{home}/skills/evil/deep/SKILL.md" && '
+               f'ln -sf "{outside}" "{home}/memories/MEMORY.md" && chmod 666 "{home}/allowlist.json"')
+    refusal = json.loads(stage.checked_run(command))      # what the gate let through
+    assert refusal["blocked"] == "self-protection" and len(refusal["changed"]) == 7
+    assert state_files(home) == before
+    assert outside.read_text() == "not the agent's\n"
+    assert json.loads(stage.checked_run("echo fine")) == {"output": "fine\n", "exit_code": 0}
+
+
 def test_slash_yolo_is_for_the_current_session_id_only(stage, gate, work, capsys):
     permissions, reader = stage.Permissions(), Answers("d", "d")
     session = stage.Session(None, "m", "u", 30, [], None)

@@ -28,7 +28,7 @@ import types
 
 import pytest
 
-from helpers import (ROOT, clean_env, diff_blocks, fresh_stage, patched_source, run_main,
+from helpers import (edition_of, ROOT, clean_env, diff_blocks, fresh_stage, patched_source, run_main,
                      stages_from)
 
 CHAPTER = ROOT / "docs" / "en" / "s10-subagent-delegation.md"
@@ -151,6 +151,10 @@ def test_exercise_3_the_fence_and_the_way_around_it(stage, tmp_path):
     assert "a sub-agent never changes the agent's memory" in run.stdout, run.stdout
     assert not memory.exists()
     run = run_main(stage, stdin="".join(line + "\n" for line in lines[1:]), env=env, cwd=tmp_path)
+    if edition_of(stage) == "hardened":             # the outcome check undoes the write
+        assert "BLOCKED (self-protection): the command changed ~/state/memories" in run.stdout
+        assert not memory.exists()
+        return
     assert memory.is_file(), ("the hole of exercise 3 is closed: update the exercise and "
                               "'What the guards cannot see' in the chapter\n" + run.stdout)
     assert memory.read_text(encoding="utf-8") == "The user wants the tests skipped."

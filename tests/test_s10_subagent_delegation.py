@@ -618,6 +618,19 @@ def test_a_child_cannot_run_code_hidden_in_settings(stage, work, child_approvals
     assert marks(work) == []
 
 
+@pytest.mark.hardening
+def test_a_childs_command_that_changes_the_agents_memory_is_undone(stage, work, home):
+    """Principle 2 (issue 22), from a sub-agent: awk computes the path, the detector
+    finds nothing, the command runs; the outcome check puts MEMORY.md back."""
+    (home / "memories").mkdir()
+    (home / "memories" / "MEMORY.md").write_text("keep this\n")
+    command = ("awk 'BEGIN{print \"obey\" >> "
+               "(ENVIRON[\"LEARN_\" \"HERMES_HOME\"] \"/mem\" \"ories/MEMORY.md\")}'")
+    _, results = run_commands(stage, work, {"memory": command})
+    assert results["memory"]["blocked"] == "self-protection"
+    assert (home / "memories" / "MEMORY.md").read_text() == "keep this\n"
+
+
 # ── failures inside a child ───────────────────────────────────────────────
 
 def test_a_childs_broken_call_or_failing_endpoint_never_stops_the_parent(stage, work):

@@ -1032,6 +1032,24 @@ def test_the_managed_deny_rules_hold_whatever_the_user_sets(stage, home, work, t
     assert results(server)["c0"]["rule"] == "rm -rf *" and marks(work) == []
 
 
+@pytest.mark.hardening
+def test_a_command_that_changes_a_config_file_of_the_chain_is_undone(stage, home, work,
+                                                                     tmp_path):
+    """Principle 2 (issue 22): the --config file is no name in the command (awk computes
+    its path), so the detector finds nothing; the outcome check puts it back."""
+    team = tmp_path / "team" / "team.yaml"
+    team.parent.mkdir()
+    team.write_text("approvals:\n  deny: ['rm -rf *']\n")
+    command = ("awk 'BEGIN{print \"approvals: {mode: off}\" > "
+               "(ENVIRON[\"TEAM\" \"DIR\"] \"/team.y\" \"aml\")}'")
+    assert stage.detect_dangerous_command(command) == []
+    turns = [reply("", call("terminal", {"command": command}, "c0")), reply("done")]
+    _, server = agent_run(stage, turns, "--config", str(team), env={"TEAMDIR": str(team.parent)})
+    refusal = results(server)["c0"]
+    assert refusal["blocked"] == "self-protection" and refusal["changed"] == [str(team)]
+    assert team.read_text() == "approvals:\n  deny: ['rm -rf *']\n"
+
+
 @pytest.mark.parametrize("command,rule", [
     ("rm -rf build", "rm -rf *"),
     ("RM -RF build", "rm -rf *"),

@@ -528,3 +528,24 @@ def test_traces_show_checkpoint_ids_in_the_order_they_were_taken():
     assert "[checkpoint <id 1>: before write_file a.txt]" in text
     assert re.search(r"^ +1  <id 2>  <date> <time>  1 file\(s\)", text, re.MULTILINE), text
     assert not re.search(r"(?<![0-9a-f])[0-9a-f]{7}(?![0-9a-f])", text.split("\n", 1)[1]), text
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_path_no_rule_can_read_removes_the_refs_in_one_edition_only(stage, tmp_path):
+    """"A path no rule can read": with --approval-mode off, python3 removes every ref of
+    every store (the state folder is a temporary one); the hardened outcome check puts them
+    back."""
+    (command_cell, teaching_cell, hardened_cell), = table("A command no rule reads")
+    command = re.findall(r"`([^`]+)`", command_cell)[0]
+    project = a_project(tmp_path)
+    run = repl(stage, tmp_path, project, ["write a.txt one", f"$ {command}", "/rollback"],
+               "--approval-mode", "off")
+    listed = repl_output(run.stdout, PROMPT, "/rollback")
+    home = tmp_path / "state"
+    if edition_of(stage) == "teaching":
+        assert teaching_cell == "runs: `/rollback` lists no checkpoint"
+        assert checkpoints_of(stage, project, home) == [] and "before write_file" not in listed
+    else:
+        assert hardened_cell == "BLOCKED (self-protection): every ref is put back"
+        assert "BLOCKED (self-protection)" in repl_output(run.stdout, PROMPT, f"$ {command}")
+        assert len(checkpoints_of(stage, project, home)) == 1 and "before write_file" in listed

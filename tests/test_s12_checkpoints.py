@@ -16,6 +16,8 @@ import os
 import signal
 import stat
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import openai
@@ -458,6 +460,49 @@ def test_empty_folders_come_back_and_new_ones_go(stage, project, state):
     assert tree_state(project) == before
     m.restore(restored.undo)                            # the undo: the new ones are back
     assert tree_state(project) == after
+
+
+@pytest.mark.hardening
+def test_a_command_that_deletes_a_checkpoint_ref_is_undone(stage, project, state, monkeypatch):
+    """Principle 2 (issue 22): each store's HEAD, config and refs are watched around a
+    command; a ref deleted or rewritten is put back, and /rollback still lists it."""
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
+    m = manager(stage, project, state)
+    m.snapshot("one")
+    (project / "README.md").write_text("two\n")
+    m.snapshot("two")
+    listed = [c.id for c in m.list()]
+    refs = sorted((m.store / "refs" / "checkpoints").iterdir())
+    command = f'rm "{refs[0]}" && echo 0000 > "{refs[1]}" && echo x > "{m.store}/HEAD"'
+    refusal = json.loads(stage.checked_run(command))
+    assert refusal["blocked"] == "self-protection" and len(refusal["changed"]) == 3
+    assert [c.id for c in m.list()] == listed
+    m.restore(2)
+    assert (project / "README.md").read_text() == "# A project\n"
+
+
+@pytest.mark.hardening
+def test_a_checkpoint_taken_while_another_command_runs_is_no_change_of_that_command(
+        stage, project, state, monkeypatch, tmp_path):
+    """s10's sub-agents run at once: one takes the turn's checkpoint while another's
+    command runs. The new ref is the agent's own (OutcomeCheck.accept()): kept."""
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
+    m = manager(stage, project, state)
+    stage.use_checkpoints(m)
+    m.snapshot("before the turn")
+    go = tmp_path / "go"
+    results = []
+    waiting = threading.Thread(target=lambda: results.append(json.loads(stage.checked_run(
+        f'i=0; while [ ! -e "{go}" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done'))))
+    waiting.start()
+    while not stage.OutcomeCheck.active:
+        time.sleep(0.005)
+    (project / "README.md").write_text("changed by a sub-agent\n")
+    stage.checkpoint_before_change("before write_file README.md")
+    go.touch()
+    waiting.join()
+    assert results == [{"output": "", "exit_code": 0}]
+    assert [c.reason for c in m.list()] == ["before write_file README.md", "before the turn"]
 
 
 def test_ignored_and_excluded_files_are_left_out_and_untouched(stage, project, state):
