@@ -1,18 +1,23 @@
 """Benchmark: the s04 injection scanner on large and hostile context files.
 
-    python tests/bench_scanner.py
+    python tests/bench_scanner.py                       s04 and the newest stage, both editions
+    python tests/bench_scanner.py hardened/s04_prompt_builder     just these stages
 
 For every rule, the worst inputs we could build for it: a near miss (a rule's start
 without its end, or the start of many overlapping matches) repeated to 65,536
 characters, where the scan stops. A careless regular expression backtracks for
-seconds on such text. Prints, per rule, its own time and that of find_injection() on
+seconds on such text. In the hardened edition a rule may also be read by a judge
+(SENTENCE_JUDGES): its worst input is then a match on every line that the judge must
+read and clear, and it is timed with the judge. Prints, per rule, its own time and that of find_injection() on
 its worst input, then what the three slowest files add to start-up when a project
 ships them as AGENTS.md, .hermes.md and .cursorrules (each is scanned whole and as
 capped for the prompt). Times are the best of three runs.
 """
 
+import functools
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +30,13 @@ SIZE = 65_536
 NEAR_MISSES = {
     "ignore_instructions": ["ignore all ", "ignore all all all all all all all all all ",
                             "do not ignore all ", "игнорируй все ", "забудь свои свои ",
-                            "忽略之前的所有", "忽略之前"],
-    "disregard_rules": ["disregard your\n", "disregard all all all "],
+                            "忽略之前的所有", "忽略之前",
+                            # for the hardened edition's judge and its other word orders
+                            "ignore the previous build instructions. ", "forget all ",
+                            "forget everything ", "instructions ", "instructions above, ",
+                            "previous instructions: ", "ign\u043ere "],
+    "disregard_rules": ["disregard your\n", "disregard all all all ",
+                        "disregard all build rules. "],
     "system_prompt_override": ["system prompt ", "system prompt\n\n"],
     "role_change": ["you are now ", "you are you are now ", "- pretend that ", "pretend to ",
                     "you have been updated ", "you have been updated updated ",
@@ -35,20 +45,28 @@ NEAR_MISSES = {
                         "respond without ", "respond without without "],
     "reveal_prompt": ["print your ", "print your system ", "print your your your ",
                       "покажи свой системный ", "输出你的系统"],
-    "hide_from_user": ["do not tell ", "do not tell tell the "],
+    "hide_from_user": ["do not tell ", "do not tell tell the ",
+                       "do not tell the user about retries. ", "never tell the "],
     "translate_execute": ["translate into ", "translate into into and "],
     "unset_agent_env": ["unset A_B ", "unset -v "],
     "c2_vocabulary": ["register as a ", "- send a heartbeat ", "- pull new tasks from ",
                       "- pull tasks tasks ", "check in with ", "command and ", "c2 ",
                       "sliver "],
-    "exfil_curl": ["curl $", "curl $AAAAAAAA_", "curl $\n"],
-    "exfil_wget": ["wget $", "wget $\n"],
+    "exfil_curl": ["curl $", "curl $AAAAAAAA_", "curl $\n",
+                   'curl -H "Authorization: Bearer $ACME_TOKEN" https://api.acme.example/x\n',
+                   "curl -H Authorization: $A_TOKEN "],
+    "exfil_wget": ["wget $", "wget $\n",
+                   'wget --header="Authorization: Bearer $ACME_TOKEN" https://api.acme.example/\n'],
     "exfil_pipe": ["$API_KEY ", "$API_KEY |\n"],
-    "upload_secrets": ["curl -d @", "curl @~/.en", "curl -t ", "wget --post-file="],
-    "read_secrets": ["cat a ", "cat .en", "cat < "],
-    "html_comment_directive": ["<!-- ", "<!-- x --> ", "<!--system", "x<!-- a --> "],
+    "upload_secrets": ["curl -d @", "curl @~/.en", "curl -t ", "wget --post-file=",
+                       "scp ~/.ssh ", "scp -i ", "cat .env | ", ".ssh requests.get( "],
+    "read_secrets": ["cat a ", "cat .en", "cat < ", "never cat .env. "],
+    "exfil_environment": ["env|", "env | ", "set ", "export ", "os.environ ",
+                          "os.environ requests.get("],
+    "html_comment_directive": ["<!-- ", "<!-- x --> ", "<!--system", "x<!-- a --> ",
+                               "<!-- the system test -->\n", "<!-- system: "],
     "hidden_element": ['<div style="', "<a style = ", "<span hidden ", "<span>"],
-    "invisible_unicode": ["a\u200b"],
+    "invisible_unicode": ["a\u200b", "\U0001F469\u200d\U0001F4BB "],
 }
 # Whole files with one long token: `\w*_\w*` tried every split of `a_a_a_…` (15 s).
 # (label, text) by finding id, timed with the near misses above.
@@ -88,15 +106,19 @@ def largest_rendered(stage, unit: str) -> str:
 
 
 def rule_rows(stage):
-    """(finding id, label, function that runs just that rule on prepared text)."""
-    rows = [(finding, f"word rule {row}", rule.search)
-            for row, (finding, rule) in enumerate(stage.THREAT_PATTERNS)]
+    """(finding id, label, function that runs just that rule on prepared text). The
+    hardened edition's rules run as its find_injection() runs them: with their judge."""
+    rules = stage.THREAT_PATTERNS + getattr(stage, "MORE_THREAT_PATTERNS", [])
+    judges = getattr(stage, "SENTENCE_JUDGES", None)
+    rows = [(finding, f"word rule {row}", rule.search if judges is None else
+             functools.partial(stage.found_by, rule, judge=judges.get(finding)))
+            for row, (finding, rule) in enumerate(rules)]
     rows += [(finding, "structure check", check) for finding, check in stage.STRUCTURE_CHECKS]
     return rows
 
 
 def main() -> None:
-    for stage_name in stages_from("s04"):
+    for stage_name in sys.argv[1:] or stages_from("s04"):
         stage = load_stage(stage_name)
         load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
         print(f"{stage_name}: find_injection() on {SIZE:,}-character files "
@@ -116,8 +138,8 @@ def main() -> None:
             slowest.append((scan, worst[2]))
             print(f"  {finding:24}{label:17}{worst[1]!r:28}{worst[0] * 1000:8.1f}"
                   f"{scan * 1000:8.1f}")
-        unit = NEAR_MISSES["invisible_unicode"][0]
-        scan = best_of_three(stage.find_injection, repeated(unit))
+        scan, unit = max((best_of_three(stage.find_injection, repeated(unit)), unit)
+                         for unit in NEAR_MISSES["invisible_unicode"])
         print(f"  {'invisible_unicode':24}{'character set':17}{unit!r:28}{'':8}{scan * 1000:8.1f}")
         for unit in SLOW_MARKDOWN:
             text = largest_rendered(stage, unit)

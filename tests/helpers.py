@@ -435,6 +435,22 @@ def pid_of_running_command(proc: subprocess.Popen, pid_file: Path, problem: str)
 
 # ── Chapter examples (tests/test_s1N_chapter_examples.py) ─────────────────
 
+def table_rows(text: str, header_start: str) -> list[list[str]]:
+    """The body rows (lists of cells) of the Markdown table in `text` whose first header
+    cell starts with `header_start`; [] if there is none. A table in an admonition is
+    indented, so lines are read stripped."""
+    lines = [line.strip() for line in text.splitlines()] + [""]
+    for index, line in enumerate(lines):
+        if line.startswith("|") and table_cells(line)[0].startswith(header_start):
+            return [table_cells(row) for row in itertools.takewhile(
+                lambda row: row.startswith("|"), lines[index + 2:])]
+    return []
+
+
+def table_cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
 def fenced_blocks(text: str, language: str) -> list[str]:
     """The bodies of the ```language blocks of `text`, their indentation removed (a block
     inside an admonition is indented)."""

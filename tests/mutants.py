@@ -3,6 +3,7 @@
     python tests/mutants.py                      # newest stage, 40 sampled mutants
     python tests/mutants.py s03_session_store --all
     python tests/mutants.py --names cap_context,load_identity --all
+    python tests/mutants.py s09_permission_system --edition hardened
 
 The script reads which top-level names a stage ADDED from the one source (course/,
 through course/build.py), and makes small semantic mutants of their code with `ast`:
@@ -13,7 +14,9 @@ through course/build.py), and makes small semantic mutants of their code with `a
     and/or swaps        a and b -> a or b, and the other way round
     removed not         not x -> x
 
-Each mutant is written into a temporary copy of agents/, and the stage's own test
+With --edition hardened it mutates agents/hardened/<stage>.py instead: the names the
+stage added or changed in the hardened edition (its guards). Each mutant is written
+into a temporary copy of agents/, and the stage's own test
 file runs against it (tests/helpers.py honours LEARN_HERMES_AGENTS_DIR). A mutant
 is killed when a test fails (or the run exceeds the time limit); a survivor is a
 bug the tests would let through, so each one is printed. The curriculum's target
@@ -171,13 +174,18 @@ def tests_of(stage: str) -> list[Path]:
     return matches
 
 
-def run_tests(stage: str, source: bytes, timeout: float, options: list[str]) -> tuple[int, str]:
+def stage_file(agents: Path, stage: str, edition: str) -> Path:
+    return (agents / "hardened" if edition == "hardened" else agents) / f"{stage}.py"
+
+
+def run_tests(stage: str, source: bytes, timeout: float, options: list[str],
+              edition: str) -> tuple[int, str]:
     """Run the stage's test file against `source` in a copy of agents/: pytest's exit
     code (-1 when it ran longer than `timeout`) and its output."""
     with tempfile.TemporaryDirectory(prefix="mutant-") as folder:
         agents = Path(folder) / "agents"
         shutil.copytree(AGENTS, agents, ignore=shutil.ignore_patterns("__pycache__"))
-        (agents / f"{stage}.py").write_bytes(source)
+        stage_file(agents, stage, edition).write_bytes(source)
         env = {**os.environ, "LEARN_HERMES_AGENTS_DIR": str(agents), "PYTHONDONTWRITEBYTECODE": "1"}
         # Without the notebook plugin (pyproject's addopts asks for it): importing it
         # costs seconds per run, and no notebook is run here.
@@ -195,11 +203,11 @@ def run_tests(stage: str, source: bytes, timeout: float, options: list[str]) -> 
             return -1, proc.communicate()[0]
 
 
-def failing_tests(stage: str, source: bytes) -> tuple[list[str], float]:
+def failing_tests(stage: str, source: bytes, edition: str) -> tuple[list[str], float]:
     """The tests that fail with no mutant at all (work in progress elsewhere), and
     how long the whole file takes. Exits if the file cannot run at all."""
     started = time.monotonic()
-    code, output = run_tests(stage, source, 600, ["-rfE"])
+    code, output = run_tests(stage, source, 600, ["-rfE"], edition)
     failing = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in output.splitlines()
                if line.startswith(("FAILED ", "ERROR "))]
     if code not in (0, 1) or (code == 1 and not failing):
@@ -207,9 +215,10 @@ def failing_tests(stage: str, source: bytes) -> tuple[list[str], float]:
     return failing, time.monotonic() - started
 
 
-def killed(stage: str, mutant: Mutant, source: bytes, timeout: float, skip: list[str]) -> bool:
+def killed(stage: str, mutant: Mutant, source: bytes, timeout: float, skip: list[str],
+           edition: str) -> bool:
     options = ["-x", *(f"--deselect={test}" for test in skip)]
-    code, _ = run_tests(stage, mutant.apply(source), timeout, options)
+    code, _ = run_tests(stage, mutant.apply(source), timeout, options, edition)
     return code != 0
 
 
@@ -222,25 +231,29 @@ def main(argv=None) -> int:
     parser.add_argument("--all", action="store_true", help="run every mutant, not a sample")
     parser.add_argument("--seed", type=int, default=1, help="seed of the sample (default 1)")
     parser.add_argument("--jobs", type=int, default=2, help="test runs in parallel (default 2)")
+    parser.add_argument("--edition", choices=("teaching", "hardened"), default="teaching",
+                        help="which edition's file to mutate (default teaching)")
     parser.add_argument("--names", help="only these comma-separated names (default: all the "
                                          "names the stage added)")
     args = parser.parse_args(argv)
 
-    added = {n for n in course_lineage()[args.stage]["added"] if not n.startswith("<")}
+    lineage = course_lineage(args.edition)[args.stage]
+    kinds = ("added", "changed") if args.edition == "hardened" else ("added",)
+    added = {n for kind in kinds for n in lineage[kind] if not n.startswith("<")}
     if args.stage == stages[0]:
         sys.exit("mutants: the base stage adds everything; choose a later stage")
     names = added if not args.names else set(args.names.split(","))
     if names - added:
         sys.exit(f"mutants: not added by {args.stage}: {', '.join(sorted(names - added))}")
-    source = (AGENTS / f"{args.stage}.py").read_bytes()
+    source = stage_file(AGENTS, args.stage, args.edition).read_bytes()
     every = find_mutants(source, names)
     chosen = every if args.all else random.Random(args.seed).sample(
         every, min(args.sample, len(every)))
     chosen.sort(key=lambda m: (m.line, m.start, m.what))
-    print(f"{args.stage}: {len(every)} mutants in {len(names)} added names; running "
+    print(f"{args.edition} {args.stage}: {len(every)} mutants in {len(names)} added names; running "
           f"{len(chosen)}, {args.jobs} at a time", flush=True)
 
-    failing, baseline = failing_tests(args.stage, source)
+    failing, baseline = failing_tests(args.stage, source, args.edition)
     for test in failing:
         print(f"LEFT OUT  {test}  (fails without a mutant)")
     timeout = max(60.0, 10 * baseline)
@@ -249,8 +262,8 @@ def main(argv=None) -> int:
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = list(pool.map(lambda m: killed(args.stage, m, source, timeout, failing),
-                                 chosen))
+        outcomes = list(pool.map(
+            lambda m: killed(args.stage, m, source, timeout, failing, args.edition), chosen))
     survivors = [m for m, was_killed in zip(chosen, outcomes) if not was_killed]
     for mutant in survivors:
         print(f"SURVIVED  {mutant.name}  line {mutant.line}: {mutant.what}")
