@@ -139,9 +139,11 @@ def top_level_name(node: ast.stmt) -> str | None:
 
 
 def find_mutants(source: bytes, names: set[str]) -> list[Mutant]:
+    """Every candidate mutant of `names`; is_real_change() says which ones count
+    (checking them all parses the whole file once per candidate: minutes for a large
+    stage, so main() checks only those it samples)."""
     tree = ast.parse(source)
     starts = byte_offsets(source)
-    original = ast.dump(tree)
     found = []
     for statement in tree.body:
         name = top_level_name(statement)
@@ -150,10 +152,22 @@ def find_mutants(source: bytes, names: set[str]) -> list[Mutant]:
         for node in nodes_outside_fstrings(statement):
             for what, replacement in mutations(node):
                 start, end = span(node, starts)
-                mutant = Mutant(name, node.lineno, what, start, end, replacement)
-                if is_real_change(mutant, source, original):
-                    found.append(mutant)
+                found.append(Mutant(name, node.lineno, what, start, end, replacement))
     return found
+
+
+def sample_of_real_mutants(candidates: list[Mutant], source: bytes, size: int | None,
+                           seed: int) -> list[Mutant]:
+    """`size` real mutants drawn at random from `candidates` (all of them if None)."""
+    original = ast.dump(ast.parse(source))
+    order = candidates if size is None else random.Random(seed).sample(candidates, len(candidates))
+    chosen = []
+    for mutant in order:
+        if size is not None and len(chosen) == size:
+            break
+        if is_real_change(mutant, source, original):
+            chosen.append(mutant)
+    return chosen
 
 
 def is_real_change(mutant: Mutant, source: bytes, original: str) -> bool:
@@ -247,11 +261,10 @@ def main(argv=None) -> int:
         sys.exit(f"mutants: not added by {args.stage}: {', '.join(sorted(names - added))}")
     source = stage_file(AGENTS, args.stage, args.edition).read_bytes()
     every = find_mutants(source, names)
-    chosen = every if args.all else random.Random(args.seed).sample(
-        every, min(args.sample, len(every)))
+    chosen = sample_of_real_mutants(every, source, None if args.all else args.sample, args.seed)
     chosen.sort(key=lambda m: (m.line, m.start, m.what))
-    print(f"{args.edition} {args.stage}: {len(every)} mutants in {len(names)} added names; running "
-          f"{len(chosen)}, {args.jobs} at a time", flush=True)
+    print(f"{args.edition} {args.stage}: {len(every)} candidate mutants in {len(names)} names; "
+          f"running {len(chosen)}, {args.jobs} at a time", flush=True)
 
     failing, baseline = failing_tests(args.stage, source, args.edition)
     for test in failing:
