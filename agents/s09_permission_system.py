@@ -493,7 +493,7 @@ def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
         body.append(f"• {finding.description}\n")
     keys = " ".join(f"[{choice[0]}]{choice[1:]}" for choice in choices)
     body.append(f"\n{keys}\nEnter alone = deny; no answer in {timeout} s = deny")
-    err_console.print(Panel(body, title="approval needed", border_style="yellow"))
+    err_console.print(Panel(body, title="approval needed", border_style="yellow", expand=False))
     shown = "/".join(choice[0] for choice in choices[:-1]) + "/D"
     err_console.print(Text(f"Choice [{shown}]: "), end="")
 
@@ -3828,7 +3828,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

@@ -1003,7 +1003,7 @@ def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
         body.append(f"• {finding.description}\n")
     keys = " ".join(f"[{choice[0]}]{choice[1:]}" for choice in choices)
     body.append(f"\n{keys}\nEnter alone = deny; no answer in {timeout} s = deny")
-    err_console.print(Panel(body, title="approval needed", border_style="yellow"))
+    err_console.print(Panel(body, title="approval needed", border_style="yellow", expand=False))
     shown = "/".join(choice[0] for choice in choices[:-1]) + "/D"
     err_console.print(Text(f"Choice [{shown}]: "), end="")
 

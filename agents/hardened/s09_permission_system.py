@@ -1050,7 +1050,8 @@ def runs_inline_code(call: Call) -> bool:
 
 _AWK_RUNS_COMMANDS = re.compile(r"system\s*\(|\|\s*(?:getline|\")|print[^;]*\|")
 # sed's e command after an optional address: 1e CMD, /x/e CMD, $ e CMD.
-_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*e(?:[ \t]+([^\n;}]*)|$|;)")
+_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*"
+                            r"e(?:[ \t]+([^\n;}]*)|$|;)")
 
 
 def sed_commands(args: list) -> list[str]:
@@ -7591,7 +7592,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

@@ -1553,7 +1553,8 @@ def runs_inline_code(call: Call) -> bool:
 
 _AWK_RUNS_COMMANDS = re.compile(r"system\s*\(|\|\s*(?:getline|\")|print[^;]*\|")
 # sed's e command after an optional address: 1e CMD, /x/e CMD, $ e CMD.
-_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*e(?:[ \t]+([^\n;}]*)|$|;)")
+_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*"
+                            r"e(?:[ \t]+([^\n;}]*)|$|;)")
 
 
 def sed_commands(args: list) -> list[str]:
