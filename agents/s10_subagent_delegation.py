@@ -61,7 +61,6 @@ import shlex
 import shutil
 import signal
 import sqlite3
-import stat
 import subprocess
 import sys
 import tempfile
@@ -940,7 +939,6 @@ def show_approval_note(line: str, style: str = "yellow") -> None:
 
 # ── [s09] Approval details ──────────────────────────────────────────────────
 
-MAX_SHOWN_COMMAND_CHARS = 2_000         # the prompt shows this much of a long command
 SMART_REVIEW_MAX_TOKENS = 16            # one word is the whole answer
 SMART_REVIEW_PROMPT = (
     "You review one shell command that an AI coding agent wants to run; a safety check "
@@ -1000,46 +998,21 @@ def parse_choice(answer: str, choices: tuple) -> str | None:
 
 def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
                         timeout: int) -> None:
-    body = Text(shown_command(command) + "\n\n", style="bold")
+    body = Text(visible(command) + "\n\n", style="bold")
     for finding in findings:
-        body.append(f"• {visible(finding.description)}\n")
+        body.append(f"• {finding.description}\n")
     keys = " ".join(f"[{choice[0]}]{choice[1:]}" for choice in choices)
     body.append(f"\n{keys}\nEnter alone = deny; no answer in {timeout} s = deny")
-    # As wide as its text (a long command wraps at the terminal's width), so that
-    # what you see does not depend on how wide the terminal was when the agent started.
-    err_console.print(Panel(body, title="approval needed", border_style="yellow",
-                            expand=False), soft_wrap=False)   # wrapped: every character shown
+    err_console.print(Panel(body, title="approval needed", border_style="yellow", expand=False))
     shown = "/".join(choice[0] for choice in choices[:-1]) + "/D"
     err_console.print(Text(f"Choice [{shown}]: "), end="")
 
 
-def shown_command(command: str, limit: int = MAX_SHOWN_COMMAND_CHARS) -> str:
-    """The command as the prompt shows it: secrets redacted, hidden characters made
-    visible, and a long one cut in the middle, so that its end is shown too."""
-    text = redact_secrets(command)
-    if len(text) <= limit:
-        return visible(text)
-    half = limit // 2
-    return (f"{visible(text[:half])}\n… ({len(text) - 2 * half:,} characters not shown) …\n"
-            f"{visible(text[-half:])}")
-
-
-# A command must not hide or reorder its own text on your terminal: control characters
-# (escape sequences, \r, backspace; not the newline), bidi and zero-width characters,
-# odd spaces and blank-looking letters are shown as escapes, e.g. \x1b or \u202e.
-HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
-BLANK_LOOKING = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u2800\u3164\uffa0")
-
-
 def visible(text: str) -> str:
-    return "".join(ascii(c)[1:-1] if is_hidden(c) else c for c in text)
-
-
-def is_hidden(character: str) -> bool:
-    category = unicodedata.category(character)
-    return character != "\n" and (category in HIDDEN_CATEGORIES or character in BLANK_LOOKING
-                                  or (category == "Zs" and character != " ")
-                                  or "VARIATION SELECTOR" in unicodedata.name(character, ""))
+    """`text` with what a terminal would not print as it is (escape sequences, \\r, bidi and
+    zero-width characters, odd spaces) shown as escapes, e.g. \\x1b or \\u202e: a command
+    must not hide or reorder its own text on your terminal."""
+    return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
 
 
 def read_terminal_answer(deadline: float) -> str:
@@ -1068,19 +1041,7 @@ def read_line_before(fd: int, deadline: float) -> str:
     return data.decode("utf-8", "replace").splitlines()[0] if data.strip() else ""
 
 
-# Secrets in a command are hidden in the prompt (for display only: the command that
-# runs is unchanged). Each pattern starts at a word boundary: linear on any input.
-SECRET_TOKEN = re.compile(r"\b(?:sk-|gh[pousr]_|github_pat_)[\w-]{6,}")
-BEARER_TOKEN = re.compile(r"\b([Bb]earer\s+)[^\s'\"]+")
-SECRET_ASSIGNMENT = re.compile(r"\b([A-Za-z_]\w*=)('[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-
-
-def redact_secrets(text: str) -> str:
-    text = SECRET_ASSIGNMENT.sub(lambda m: m[1] + "***" if is_secret_name(m[1][:-1])
-                                 else m[0], text)
-    text = BEARER_TOKEN.sub(lambda m: m[1] + "***", text)
-    return SECRET_TOKEN.sub(lambda m: m[0][:4] + "***", text)
 
 
 def is_secret_name(name: str) -> bool:
@@ -1108,7 +1069,7 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
 
 
 ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
-MAX_ALLOWLIST_BYTES = 65_536
+
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
 
@@ -1129,16 +1090,10 @@ def policy_files() -> list[Path]:
 
 def read_allowlist(path: Path) -> set:
     """The finding keys in allowlist.json; an empty set if there is none yet."""
-    if path.is_symlink():               # it could lead the agent's writes elsewhere
-        raise AllowlistError("it is a symbolic link")
     if not path.exists():
         return set()
     if not path.is_file():
         raise AllowlistError("it is not a regular file")
-    if path.stat().st_nlink > 1:        # another name of the same file could change it
-        raise AllowlistError(f"it has {path.stat().st_nlink} hard links")
-    if path.stat().st_size > MAX_ALLOWLIST_BYTES:
-        raise AllowlistError(f"it is larger than {MAX_ALLOWLIST_BYTES:,} bytes")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -1166,23 +1121,15 @@ def allowlist_keys(permissions: Permissions) -> set:
     return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
 
 
-def allowlist_fingerprint(path: Path) -> tuple | None:
-    """This version of the file: device, inode, link count, size, modification time and
-    a hash of its bytes (a link is not followed); None when there is no file."""
+def allowlist_fingerprint(path: Path) -> tuple | str | None:
+    """This version of the file: its inode (a file renamed over it is another file) and
+    its bytes; None when there is no file."""
     try:
-        status = os.lstat(path)
+        return os.lstat(path).st_ino, path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:              # e.g. $LEARN_HERMES_HOME is a file: never a crash
-        return (type(exc).__name__,)
-    digest = ""
-    if stat.S_ISREG(status.st_mode) and status.st_size <= MAX_ALLOWLIST_BYTES:
-        try:
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError as exc:
-            digest = type(exc).__name__
-    return (status.st_dev, status.st_ino, status.st_nlink, status.st_size,
-            status.st_mtime_ns, digest)
+        return type(exc).__name__
 
 
 def save_to_allowlist(keys: list[str]) -> str | None:
@@ -1229,42 +1176,26 @@ def policy_file_written(command: str) -> Path | None:
     return None if only_reads(command) else named
 
 
-# Commands that only read or print, whatever their arguments, except the options listed,
-# which run programs or write files. less and sort are not here: less -o and sort -o write.
-READ_ONLY_COMMANDS = {
-    **dict.fromkeys(("cat", "head", "tail", "ls", "stat", "file", "wc", "grep", "egrep",
-                     "fgrep", "jq", "sha256sum", "sha1sum", "md5sum", "diff", "cmp", "du",
-                     "echo", "printf", "pwd"), ()),
-    "find": ("-exec", "-ok", "-delete", "-fprint", "-fls"), "rg": ("--pre",),
-}
+# Commands that only read or print, whatever their arguments: such a command may name
+# allowlist.json (cat it, grep it). less and sort are not here: less -o and sort -o write.
+READ_ONLY_COMMANDS = frozenset(("cat", "head", "tail", "ls", "stat", "wc", "grep", "jq",
+                                "diff", "echo", "printf", "pwd"))
+
 # A redirect out (but to /dev/null, or 2>&1), $( ), ` ` or <( ): could do anything.
 NOT_ONLY_READING = re.compile(r">(?!>?\s*/dev/null(?![\w/.-])|&[0-9])|`|\$\(|<\(")
 COMMAND_BREAK = re.compile(r"[;|\n]|(?<![<>])&(?!>)")       # not the & of 2>&1 or &>
 QUOTING = re.compile(r"\$(?=['\"])|['\"\\]")       # $'…' and $"…" lose their $ too
 IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
-UNSEEN_WORD = re.compile(r"[$`*?\[{]")     # could turn into an option find or rg would obey
 
 
 def only_reads(command: str) -> bool:
-    """True if every simple command in `command` is a READ_ONLY_COMMANDS one, without its
-    refused options. A conservative text check on normalize_command(), not the detector's
-    parse (it has no public list of simple commands): quotes that hide a ; or an unknown
-    command name make it False, which only means "not known to be read-only"."""
+    """True if every command in `command` is a READ_ONLY_COMMANDS one and nothing is
+    redirected or substituted (> file, $( ), ` `). A text check: a command it does not
+    know counts as "may write"."""
     text = normalize_command(command)
-    if NOT_ONLY_READING.search(text):
-        return False
-    for part in COMMAND_BREAK.split(text):
-        words = QUOTING.sub("", part).split()
-        if not words:
-            continue
-        refused = READ_ONLY_COMMANDS.get(words[0])
-        if refused is None or any(word.startswith(refused) for word in words):
-            return False
-        raw = part.split()[1:]
-        if refused and any(UNSEEN_WORD.search(re.sub(r"'[^']*'|\"[^\"$`]*\"", "", word))
-                           for word in raw):
-            return False
-    return True
+    commands = [part.split() for part in COMMAND_BREAK.split(text)]
+    return not NOT_ONLY_READING.search(text) and \
+        all(words[0] in READ_ONLY_COMMANDS for words in commands if words)
 
 
 def expand_known_variables(target: str) -> str | None:

@@ -1262,7 +1262,8 @@ def runs_inline_code(call: Call) -> bool:
 
 _AWK_RUNS_COMMANDS = re.compile(r"system\s*\(|\|\s*(?:getline|\")|print[^;]*\|")
 # sed's e command after an optional address: 1e CMD, /x/e CMD, $ e CMD.
-_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*e(?:[ \t]+([^\n;}]*)|$|;)")
+_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*"
+                            r"e(?:[ \t]+([^\n;}]*)|$|;)")
 
 
 def sed_commands(args: list) -> list[str]:
@@ -3421,7 +3422,9 @@ def show_approval_note(line: str, style: str = "yellow") -> None:
 
 #: section Approval details
 
+#: hardened
 MAX_SHOWN_COMMAND_CHARS = 2_000         # the prompt shows this much of a long command
+
 SMART_REVIEW_MAX_TOKENS = 16            # one word is the whole answer
 SMART_REVIEW_PROMPT = (
     "You review one shell command that an AI coding agent wants to run; a safety check "
@@ -3479,6 +3482,20 @@ def parse_choice(answer: str, choices: tuple) -> str | None:
     return next((choice for choice in choices if answer in (choice, choice[0])), None)
 
 
+#: teaching
+def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
+                        timeout: int) -> None:
+    body = Text(visible(command) + "\n\n", style="bold")
+    for finding in findings:
+        body.append(f"• {finding.description}\n")
+    keys = " ".join(f"[{choice[0]}]{choice[1:]}" for choice in choices)
+    body.append(f"\n{keys}\nEnter alone = deny; no answer in {timeout} s = deny")
+    err_console.print(Panel(body, title="approval needed", border_style="yellow", expand=False))
+    shown = "/".join(choice[0] for choice in choices[:-1]) + "/D"
+    err_console.print(Text(f"Choice [{shown}]: "), end="")
+
+
+#: hardened
 def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
                         timeout: int) -> None:
     body = Text(shown_command(command) + "\n\n", style="bold")
@@ -3494,6 +3511,7 @@ def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
     err_console.print(Text(f"Choice [{shown}]: "), end="")
 
 
+#: hardened
 def shown_command(command: str, limit: int = MAX_SHOWN_COMMAND_CHARS) -> str:
     """The command as the prompt shows it: secrets redacted, hidden characters made
     visible, and a long one cut in the middle, so that its end is shown too."""
@@ -3505,6 +3523,7 @@ def shown_command(command: str, limit: int = MAX_SHOWN_COMMAND_CHARS) -> str:
             f"{visible(text[-half:])}")
 
 
+#: hardened
 # A command must not hide or reorder its own text on your terminal: control characters
 # (escape sequences, \r, backspace; not the newline), bidi and zero-width characters,
 # odd spaces and blank-looking letters are shown as escapes, e.g. \x1b or \u202e.
@@ -3512,10 +3531,20 @@ HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
 BLANK_LOOKING = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u2800\u3164\uffa0")
 
 
+#: teaching
+def visible(text: str) -> str:
+    """`text` with what a terminal would not print as it is (escape sequences, \\r, bidi and
+    zero-width characters, odd spaces) shown as escapes, e.g. \\x1b or \\u202e: a command
+    must not hide or reorder its own text on your terminal."""
+    return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
+
+
+#: hardened
 def visible(text: str) -> str:
     return "".join(ascii(c)[1:-1] if is_hidden(c) else c for c in text)
 
 
+#: hardened
 def is_hidden(character: str) -> bool:
     category = unicodedata.category(character)
     return character != "\n" and (category in HIDDEN_CATEGORIES or character in BLANK_LOOKING
@@ -3549,14 +3578,17 @@ def read_line_before(fd: int, deadline: float) -> str:
     return data.decode("utf-8", "replace").splitlines()[0] if data.strip() else ""
 
 
+#: hardened
 # Secrets in a command are hidden in the prompt (for display only: the command that
 # runs is unchanged). Each pattern starts at a word boundary: linear on any input.
 SECRET_TOKEN = re.compile(r"\b(?:sk-|gh[pousr]_|github_pat_)[\w-]{6,}")
 BEARER_TOKEN = re.compile(r"\b([Bb]earer\s+)[^\s'\"]+")
 SECRET_ASSIGNMENT = re.compile(r"\b([A-Za-z_]\w*=)('[^']*'|\"[^\"]*\"|[^\s'\"]+)")
+
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 
+#: hardened
 def redact_secrets(text: str) -> str:
     text = SECRET_ASSIGNMENT.sub(lambda m: m[1] + "***" if is_secret_name(m[1][:-1])
                                  else m[0], text)
@@ -3589,7 +3621,10 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
 
 
 ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
+
+#: hardened
 MAX_ALLOWLIST_BYTES = 65_536
+
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
 
@@ -3608,6 +3643,24 @@ def policy_files() -> list[Path]:
     return [allowlist_path()]
 
 
+#: teaching
+def read_allowlist(path: Path) -> set:
+    """The finding keys in allowlist.json; an empty set if there is none yet."""
+    if not path.exists():
+        return set()
+    if not path.is_file():
+        raise AllowlistError("it is not a regular file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AllowlistError(f"it cannot be read as JSON ({first_line(exc)})") from None
+    keys = data.get("keys") if isinstance(data, dict) and data.get("version") == 1 else None
+    if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+        raise AllowlistError('it is not {"version": 1, "keys": [...]}')
+    return set(keys)
+
+
+#: hardened
 def read_allowlist(path: Path) -> set:
     """The finding keys in allowlist.json; an empty set if there is none yet."""
     if path.is_symlink():               # it could lead the agent's writes elsewhere
@@ -3647,6 +3700,19 @@ def allowlist_keys(permissions: Permissions) -> set:
     return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
 
 
+#: teaching
+def allowlist_fingerprint(path: Path) -> tuple | str | None:
+    """This version of the file: its inode (a file renamed over it is another file) and
+    its bytes; None when there is no file."""
+    try:
+        return os.lstat(path).st_ino, path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:              # e.g. $LEARN_HERMES_HOME is a file: never a crash
+        return type(exc).__name__
+
+
+#: hardened
 def allowlist_fingerprint(path: Path) -> tuple | None:
     """This version of the file: device, inode, link count, size, modification time and
     a hash of its bytes (a link is not followed); None when there is no file."""
@@ -3771,6 +3837,13 @@ def policy_target(target: str, policies: list[Path], folder_may_change: bool) ->
     return next((p for p in policies if real in (p, p.parent)), None)
 
 
+#: teaching
+# Commands that only read or print, whatever their arguments: such a command may name
+# allowlist.json (cat it, grep it). less and sort are not here: less -o and sort -o write.
+READ_ONLY_COMMANDS = frozenset(("cat", "head", "tail", "ls", "stat", "wc", "grep", "jq",
+                                "diff", "echo", "printf", "pwd"))
+
+#: hardened
 # Commands that only read or print, whatever their arguments, except the options listed,
 # which run programs or write files. less and sort are not here: less -o and sort -o write.
 READ_ONLY_COMMANDS = {
@@ -3779,14 +3852,29 @@ READ_ONLY_COMMANDS = {
                      "echo", "printf", "pwd"), ()),
     "find": ("-exec", "-ok", "-delete", "-fprint", "-fls"), "rg": ("--pre",),
 }
+
 # A redirect out (but to /dev/null, or 2>&1), $( ), ` ` or <( ): could do anything.
 NOT_ONLY_READING = re.compile(r">(?!>?\s*/dev/null(?![\w/.-])|&[0-9])|`|\$\(|<\(")
 COMMAND_BREAK = re.compile(r"[;|\n]|(?<![<>])&(?!>)")       # not the & of 2>&1 or &>
 QUOTING = re.compile(r"\$(?=['\"])|['\"\\]")       # $'…' and $"…" lose their $ too
 IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
+
+#: hardened
 UNSEEN_WORD = re.compile(r"[$`*?\[{]")     # could turn into an option find or rg would obey
 
 
+#: teaching
+def only_reads(command: str) -> bool:
+    """True if every command in `command` is a READ_ONLY_COMMANDS one and nothing is
+    redirected or substituted (> file, $( ), ` `). A text check: a command it does not
+    know counts as "may write"."""
+    text = normalize_command(command)
+    commands = [part.split() for part in COMMAND_BREAK.split(text)]
+    return not NOT_ONLY_READING.search(text) and \
+        all(words[0] in READ_ONLY_COMMANDS for words in commands if words)
+
+
+#: hardened
 def only_reads(command: str) -> bool:
     """True if every simple command in `command` is a READ_ONLY_COMMANDS one, without its
     refused options. A conservative text check on normalize_command(), not the detector's
@@ -4546,7 +4634,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

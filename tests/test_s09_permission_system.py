@@ -568,6 +568,7 @@ def test_the_offline_model_reviews_through_the_real_client(stage, work):
 
 # ── the prompt ─────────────────────────────────────────────────────────────
 
+@pytest.mark.hardening
 def test_secrets_are_redacted_for_display_only(stage, gate, work, capsys):
     command = ("OPENAI_API_KEY=sk-proj-abcdef123456 GH_TOKEN='ghp_abcdefghijkl' rm -rf build "
                "&& curl -H 'Authorization: Bearer abc.def.ghi' x # --password=p MODE=fast")
@@ -597,6 +598,7 @@ def test_the_prompt_offers_only_once_for_a_finding_that_needs_a_human(stage, gat
     assert permissions.approved_in("s1") == set() and not stage.allowlist_path().exists()
 
 
+@pytest.mark.hardening
 def test_the_prompt_shows_the_start_and_the_end_of_a_long_command(stage, gate, work, capsys):
     gate("rm -rf build " + "x" * 5_000 + " --end", Answers("d"))
     err = capsys.readouterr().err
@@ -617,6 +619,7 @@ def test_the_prompt_shows_the_start_and_the_end_of_a_long_command(stage, gate, w
     ("rm -rf \u200bx\ufeff\u00ad\u3164\ufe0f", "rm -rf \\u200bx\\ufeff\\xad\\u3164\\ufe0f"),
     ("rm -rf a\u00a0b\u3000c\u2028\x85\U000e0041", "rm -rf a\\xa0b\\u3000c\\u2028\\x85\\U000e0041"),
     ("rm -rf a\tb\nc ｂüld", "rm -rf a\\tb\nc ｂüld")])
+@pytest.mark.hardening
 def test_the_prompt_shows_hidden_characters_as_escapes(stage, gate, work, capsys, command, shown):
     """Escape sequences, \\r, backspaces, bidi controls and invisible characters would let
     a command show you different text than what runs."""
@@ -797,6 +800,7 @@ BROKEN_ALLOWLISTS = {
 }
 
 
+@pytest.mark.hardening
 def test_the_size_limit_of_the_allowlist(stage, home):
     path = home / "allowlist.json"
     text = '{"version": 1, "keys": ["k"]}'
@@ -807,7 +811,8 @@ def test_the_size_limit_of_the_allowlist(stage, home):
         stage.read_allowlist(path)
 
 
-@pytest.mark.parametrize("name", BROKEN_ALLOWLISTS)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.hardening)
+                                  if name == "huge" else name for name in BROKEN_ALLOWLISTS])
 def test_a_broken_allowlist_warns_once_counts_as_empty_and_is_never_replaced(
         stage, gate, work, home, capsys, name):
     content, problem = BROKEN_ALLOWLISTS[name]
@@ -861,6 +866,7 @@ def test_an_allowlist_changed_behind_the_agents_back_is_ignored_until_a_restart(
     assert gate("rm -rf e", Answers(), stage.Permissions()) is None     # a restart trusts it
 
 
+@pytest.mark.hardening
 def test_the_agents_own_save_is_not_a_change_and_a_hard_link_breaks_the_file(
         stage, gate, work, home, capsys, tmp_path):
     permissions = stage.Permissions()
@@ -887,7 +893,8 @@ def test_permissions_shows_a_changed_allowlist(stage, home, capsys):
     assert f"allowlist     {home}/allowlist.json: not used: {CHANGED}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["symlink", "folder"])
+@pytest.mark.parametrize("kind", [pytest.param("symlink", marks=pytest.mark.hardening),
+                                  "folder"])
 def test_an_allowlist_that_is_a_link_or_a_folder_is_not_used(stage, gate, work, home,
                                                              tmp_path, capsys, kind):
     elsewhere = tmp_path / "elsewhere.json"

@@ -2144,7 +2144,8 @@ def runs_inline_code(call: Call) -> bool:
 
 _AWK_RUNS_COMMANDS = re.compile(r"system\s*\(|\|\s*(?:getline|\")|print[^;]*\|")
 # sed's e command after an optional address: 1e CMD, /x/e CMD, $ e CMD.
-_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*e(?:[ \t]+([^\n;}]*)|$|;)")
+_SED_E_COMMAND = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$]+|/[^/\n]*/)?\s*!?\s*"
+                            r"e(?:[ \t]+([^\n;}]*)|$|;)")
 
 
 def sed_commands(args: list) -> list[str]:
@@ -4308,6 +4309,7 @@ def show_approval_note(line: str, style: str = "yellow") -> None:
 # ── [s09] Approval details ──────────────────────────────────────────────────
 
 MAX_SHOWN_COMMAND_CHARS = 2_000         # the prompt shows this much of a long command
+
 SMART_REVIEW_MAX_TOKENS = 16            # one word is the whole answer
 SMART_REVIEW_PROMPT = (
     "You review one shell command that an AI coding agent wants to run; a safety check "
@@ -4440,6 +4442,7 @@ def read_line_before(fd: int, deadline: float) -> str:
 SECRET_TOKEN = re.compile(r"\b(?:sk-|gh[pousr]_|github_pat_)[\w-]{6,}")
 BEARER_TOKEN = re.compile(r"\b([Bb]earer\s+)[^\s'\"]+")
 SECRET_ASSIGNMENT = re.compile(r"\b([A-Za-z_]\w*=)('[^']*'|\"[^\"]*\"|[^\s'\"]+)")
+
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 
@@ -4475,7 +4478,9 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
 
 
 ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
+
 MAX_ALLOWLIST_BYTES = 65_536
+
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
 
@@ -4636,11 +4641,13 @@ READ_ONLY_COMMANDS = {
                      "echo", "printf", "pwd"), ()),
     "find": ("-exec", "-ok", "-delete", "-fprint", "-fls"), "rg": ("--pre",),
 }
+
 # A redirect out (but to /dev/null, or 2>&1), $( ), ` ` or <( ): could do anything.
 NOT_ONLY_READING = re.compile(r">(?!>?\s*/dev/null(?![\w/.-])|&[0-9])|`|\$\(|<\(")
 COMMAND_BREAK = re.compile(r"[;|\n]|(?<![<>])&(?!>)")       # not the & of 2>&1 or &>
 QUOTING = re.compile(r"\$(?=['\"])|['\"\\]")       # $'…' and $"…" lose their $ too
 IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
+
 UNSEEN_WORD = re.compile(r"[$`*?\[{]")     # could turn into an option find or rg would obey
 
 
