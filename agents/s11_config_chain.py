@@ -44,15 +44,14 @@ import argparse
 import codecs
 import contextvars
 import copy
-import datetime
 import difflib
-import email.utils
 import fnmatch
 import glob
 import hashlib
 import html
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -2708,12 +2707,11 @@ class IterationBudget:
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
 # (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
-# next such call (it is not run) for exact_failure and no_progress, and halts the
-# whole turn for same_tool_failure. Counts start at zero every user turn.
+# next such call (it is not run) for exact_failure, and halts the whole turn for
+# same_tool_failure. Counts start at zero every user turn.
 GUARDRAIL_THRESHOLDS = {
     "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
     "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
-    "no_progress": (2, 5),              # a read-only call gave the same result again
 }
 
 
@@ -2753,7 +2751,6 @@ class ToolCallGuardrails:
         self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
         self.exact_failures: dict[tuple, int] = {}      # signature -> failures so far
         self.tool_failures: dict[str, int] = {}         # tool name -> failures so far
-        self.same_results: dict[tuple, tuple] = {}      # signature -> (result hash, times)
         self.halted: GuardrailDecision | None = None    # set once the turn must end
 
     def run(self, name: str, args: dict) -> tuple[str, str]:
@@ -2773,10 +2770,6 @@ class ToolCallGuardrails:
         if failures >= self.thresholds["exact_failure"][1]:
             return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
                                      signature)
-        repeats = self.same_results.get(signature, ("", 0))[1]
-        if repeats >= self.thresholds["no_progress"][1]:
-            return GuardrailDecision("block", "idempotent_no_progress_block", name, repeats,
-                                     signature)
         return None
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
@@ -2784,18 +2777,15 @@ class ToolCallGuardrails:
         if tool_call_failed(name, result):
             return self.count_failure(name, signature)
         if tool_may_have_side_effect(name):     # something may have changed: retrying an
-            self.exact_failures.clear()         # old failure or rereading a file is a new
-            self.tool_failures.clear()          # experiment now
-            self.same_results.clear()
-            return None
+            self.exact_failures.clear()         # old failure is a new experiment now
+            self.tool_failures.clear()
         self.exact_failures.pop(signature, None)
         self.tool_failures.pop(name, None)
-        return self.count_same_result(name, signature, result)
+        return None
 
     def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
-        self.same_results.pop(signature, None)
         if same >= self.thresholds["same_tool_failure"][1]:
             self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
                                             signature)
@@ -2807,47 +2797,21 @@ class ToolCallGuardrails:
             return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
         return None
 
-    def count_same_result(self, name: str, signature: tuple, result: str):
-        """A read-only call: the same result as last time is no progress."""
-        digest = hashlib.sha256(result.encode("utf-8", "replace")).hexdigest()
-        previous = self.same_results.get(signature)
-        repeats = previous[1] + 1 if previous is not None and previous[0] == digest else 1
-        self.same_results[signature] = (digest, repeats)
-        if repeats >= self.thresholds["no_progress"][0]:
-            return GuardrailDecision("warn", "idempotent_no_progress_warning", name, repeats,
-                                     signature)
-        return None
-
 # ── [s06] Recovery details ──────────────────────────────────────────────────
 
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
-    in seconds ("2", "0.5") or as an HTTP date. None when absent or unreadable."""
+    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
+    seconds. None when absent or not a number of seconds (the hardened edition also
+    reads an HTTP date, counted from `now`)."""
     try:
         if headers.get("retry-after-ms") is not None:
             seconds = float(headers["retry-after-ms"]) / 1000
-        elif headers.get("retry-after") is not None:
-            seconds = seconds_until(headers["retry-after"], now)
         else:
-            return None
-    except (ValueError, TypeError, OverflowError):
+            seconds = float(headers.get("retry-after"))
+    except (ValueError, TypeError):                     # absent, a date, or no number
         return None
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):   # NaN, infinity
-        return None
-    return max(0.0, seconds)
-
-
-def seconds_until(value: str, now: float | None) -> float:
-    """A Retry-After value: seconds, or an HTTP date such as
-    "Wed, 21 Oct 2015 07:28:00 GMT" (then the seconds from `now` until it)."""
-    try:
-        return float(value)
-    except ValueError:
-        when = email.utils.parsedate_to_datetime(value)   # ValueError if it is no date
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def response_headers(exc: Exception):
@@ -2911,13 +2875,9 @@ GUARDRAIL_MESSAGES = {
         "arguments. Read the error and change something before you call it again.",
     "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
         "assumptions (for terminal: which folder, which files?) before the next try.",
-    "idempotent_no_progress_warning": "{tool} returned the same result {count} times. Use "
-        "the result you already have.",
     "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
         "exactly these arguments. Change the arguments or the approach, or tell the user "
         "what is in the way.",
-    "idempotent_no_progress_block": "Not run: {tool} already returned the same result "
-        "{count} times for these arguments. Use that result.",
     "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so the turn "
         "ends here.",
     "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",

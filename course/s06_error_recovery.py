@@ -46,6 +46,7 @@ import fnmatch
 import hashlib
 import html
 import json
+import math
 import os
 import platform
 import random
@@ -246,6 +247,17 @@ class IterationBudget:
 
 #: section Tool-call guardrails
 
+#: teaching
+# (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
+# next such call (it is not run) for exact_failure, and halts the whole turn for
+# same_tool_failure. Counts start at zero every user turn.
+GUARDRAIL_THRESHOLDS = {
+    "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
+    "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
+}
+
+
+#: hardened
 # (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
 # next such call (it is not run) for exact_failure and no_progress, and halts the
 # whole turn for same_tool_failure. Counts start at zero every user turn.
@@ -283,6 +295,64 @@ class GuardrailDecision(NamedTuple):
     signature: tuple[str, str]          # call_signature() of the call
 
 
+#: teaching
+class ToolCallGuardrails:
+    """One user turn's watch over tool calls that go in circles. before_call() may
+    block a call; after_call() may warn about it or halt the turn. Only calls that
+    passed s02's door come here; a block is not a failure and changes no count."""
+
+    def __init__(self, thresholds: dict | None = None):
+        self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
+        self.exact_failures: dict[tuple, int] = {}      # signature -> failures so far
+        self.tool_failures: dict[str, int] = {}         # tool name -> failures so far
+        self.halted: GuardrailDecision | None = None    # set once the turn must end
+
+    def run(self, name: str, args: dict) -> tuple[str, str]:
+        """Run one valid call under guard: (its result, a note to append for the model)."""
+        block = self.before_call(name, args)
+        if block is not None:
+            return guardrail_refusal(block), ""
+        result = REGISTRY.dispatch(name, args)
+        decision = self.after_call(name, args, result)
+        return result, guardrail_note(decision) if decision is not None else ""
+
+    def before_call(self, name: str, args: dict) -> GuardrailDecision | None:
+        signature = call_signature(name, args)
+        if self.halted is not None:                     # later calls of the halted batch
+            return GuardrailDecision("block", "turn_halted", name, self.halted.count, signature)
+        failures = self.exact_failures.get(signature, 0)
+        if failures >= self.thresholds["exact_failure"][1]:
+            return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
+                                     signature)
+        return None
+
+    def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
+        signature = call_signature(name, args)
+        if tool_call_failed(name, result):
+            return self.count_failure(name, signature)
+        if tool_may_have_side_effect(name):     # something may have changed: retrying an
+            self.exact_failures.clear()         # old failure is a new experiment now
+            self.tool_failures.clear()
+        self.exact_failures.pop(signature, None)
+        self.tool_failures.pop(name, None)
+        return None
+
+    def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
+        exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
+        same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
+        if same >= self.thresholds["same_tool_failure"][1]:
+            self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
+                                            signature)
+            return self.halted
+        if exact >= self.thresholds["exact_failure"][0]:
+            return GuardrailDecision("warn", "repeated_exact_failure_warning", name, exact,
+                                     signature)
+        if same >= self.thresholds["same_tool_failure"][0]:
+            return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
+        return None
+
+
+#: hardened
 class ToolCallGuardrails:
     """One user turn's watch over tool calls that go in circles. before_call() may
     block a call; after_call() may warn about it or halt the turn. Only calls that
@@ -360,6 +430,22 @@ class ToolCallGuardrails:
 #: section Recovery details
 
 
+#: teaching
+def retry_after_seconds(headers, now: float | None = None) -> float | None:
+    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
+    seconds. None when absent or not a number of seconds (the hardened edition also
+    reads an HTTP date, counted from `now`)."""
+    try:
+        if headers.get("retry-after-ms") is not None:
+            seconds = float(headers["retry-after-ms"]) / 1000
+        else:
+            seconds = float(headers.get("retry-after"))
+    except (ValueError, TypeError):                     # absent, a date, or no number
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+#: hardened
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
     """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
     in seconds ("2", "0.5") or as an HTTP date. None when absent or unreadable."""
@@ -377,6 +463,7 @@ def retry_after_seconds(headers, now: float | None = None) -> float | None:
     return max(0.0, seconds)
 
 
+#: hardened
 def seconds_until(value: str, now: float | None) -> float:
     """A Retry-After value: seconds, or an HTTP date such as
     "Wed, 21 Oct 2015 07:28:00 GMT" (then the seconds from `now` until it)."""
@@ -445,6 +532,22 @@ def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
     return describe_api_error(exc, base_url, model)
 
 
+#: teaching
+GUARDRAIL_MESSAGES = {
+    "repeated_exact_failure_warning": "{tool} failed {count} times with exactly these "
+        "arguments. Read the error and change something before you call it again.",
+    "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
+        "assumptions (for terminal: which folder, which files?) before the next try.",
+    "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
+        "exactly these arguments. Change the arguments or the approach, or tell the user "
+        "what is in the way.",
+    "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so the turn "
+        "ends here.",
+    "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
+}
+
+
+#: hardened
 GUARDRAIL_MESSAGES = {
     "repeated_exact_failure_warning": "{tool} failed {count} times with exactly these "
         "arguments. Read the error and change something before you call it again.",
