@@ -3398,25 +3398,6 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
-DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
-    "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
-    "fail connection": "A dropped connection: retried after a short, jittered wait.",
-    "fail server 4": "An outage: three retries with growing waits, then the fallback, once.",
-    "fail auth": "A 401: no retry can fix a key. One line, no second request.",
-    "fail context_overflow": "Too long for the model: compressed (s05), then sent once "
-                             "more.",
-    "retry $ ls no-such-file": "A model stuck on a failing command: a warning from the 2nd "
-                               "failure, a block after the 5th, a halt at the 8th.",
-}
-
-
-def recovery_demo_session(template: Session, max_iterations: int) -> Session:
-    """A new session on the demo's endpoint with tiny waits and a fallback model."""
-    session = Session(template.client, template.model, template.base_url, max_iterations,
-                      template.tools, None)
-    session.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=template.client,
-                                   fallback_model="offline-backup")
-    return session
 
 # ── [s07] Memory commands ───────────────────────────────────────────────────
 

@@ -644,6 +644,9 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
+
+
+#: hardened
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",
@@ -656,6 +659,7 @@ DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
 }
 
 
+#: hardened
 def recovery_demo_session(template: Session, max_iterations: int) -> Session:
     """A new session on the demo's endpoint with tiny waits and a fallback model."""
     session = Session(template.client, template.model, template.base_url, max_iterations,
@@ -919,6 +923,37 @@ DEMO_INPUTS = ["fail rate_limit", "fail connection", "fail server 4", "fail auth
                "fail context_overflow", "retry $ ls no-such-file", "retry $ echo again"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. The offline endpoint fails on request "
+                       f"('fail <kind> [times]') and waits 1/200 of the real backoff; the "
+                       f"fallback is the model offline-backup.", style="bold"))
+    start = current_directory()             # None if it was deleted: then there is no way back
+    with tempfile.TemporaryDirectory(prefix="s06-demo-") as folder:
+        os.chdir(folder)                    # the demo's commands run here
+        try:
+            # The last input gets --max-iterations 3: a loop that never fails still ends.
+            for lines, max_iterations in ((DEMO_INPUTS[:-1], MAX_ITERATIONS),
+                                          (DEMO_INPUTS[-1:], 3)):
+                current = Session(session.client, session.model, session.base_url,
+                                  max_iterations, session.tools, None)
+                current.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY,
+                                               fallback_client=session.client,
+                                               fallback_model="offline-backup")
+                for line in lines:
+                    console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                    run_turn(current, line)
+                turns = "that turn" if len(lines) == 1 else "these turns"
+                calls = sum(1 for m in current.messages if m.get("role") == "assistant")
+                console.print(Text(f"model calls in {turns}: {calls}; every tool call has its "
+                                   f"result: {every_call_answered(current.messages)}", style="dim"))
+        finally:
+            if start is not None:
+                os.chdir(start)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     console.print(Text(f"The offline endpoint fails on request ('fail <kind> [times]'). The demo "

@@ -3335,6 +3335,8 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
+
+
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",
