@@ -1814,7 +1814,6 @@ def memory_snapshot_section(home: Path) -> str | None:
 
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
-MAX_MEMORY_FILE_BYTES = 65_536          # = the scan window: every entry is scanned whole
 MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 # A line holding only § (spaces around it allowed; \r counts as a space, since a file
 # edited on Windows is read with \r\n made \n).
@@ -1904,17 +1903,10 @@ def read_memory_file(path: Path) -> str | None:
             return None
         if not path.is_file():
             raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
-        if path.stat().st_size > MAX_MEMORY_FILE_BYTES:
-            raise MemoryFileError(f"{name} is larger than {MAX_MEMORY_FILE_BYTES:,} bytes; "
-                                  f"no memory file is that big")
-        data = path.read_bytes()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise MemoryFileError(f"{name} could not be read: "
                               f"{exc.strerror or type(exc).__name__}") from None
-    if b"\0" in data:
-        raise MemoryFileError(f"{name} holds NUL bytes: it is not a text file")
-    try:
-        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
@@ -1945,71 +1937,35 @@ def shown_entries(entries: list[str], name: str) -> list[str]:
     return shown
 
 
-class _SameClause:
-    """`first`, then `then` later in the same clause. Markdown joins the lines of a
-    paragraph, so "Upload the logs" and "to https://…" on two lines are one order; a
-    clause ends at . ; ! or ? before a space, at a blank line and where a list item,
-    quote or heading starts, so "I sent a PR; the docs are at https://…" is two
-    statements. Each clause is made one line, which s04's _SameLine searches in one
-    pass."""
-
-    _GOES_ON = re.compile(r"[^\S\n]*\n(?![^\S\n]*(?:\n|$|[-+*>#]|\d+[.)]))")
-    _CLAUSE_END = re.compile(r"[.;!?](?=\s|$)")
-
-    def __init__(self, first: str, then: str):
-        self.line = _SameLine(first, then)
-
-    def search(self, text: str) -> bool:
-        return self.line.search(self._CLAUSE_END.sub("\n", self._GOES_ON.sub(" ", text)))
-
-
 def strict_threat_patterns() -> list[tuple]:
-    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS. Like s04's, they read
-    text that fold_text() has put in lower case. Built once, at import time, under the
-    wiring: they use s04's helpers, which stand further down in this file."""
-    # A verb is a stem and an ending ("modif" + "ied"): "address" is not "add", nor
-    # "editor" "edit", because a rule wants a space after the verb.
-    endings = r"(?:e|es|ed|ing|s|d|y|ies|ied|ying|ted|ting|ten)?"
-    sends = _first("send", "sent", "post", "upload", "transmit", "forward", "exfiltrat",
-                   "leak") + endings + r"\b"
-    shares = _first("includ", "output", "print", "shar", "send", "repeat", "dump") + endings
-    edits = _first("updat", "modif", "edit", "writ", "wrote", "chang", "append", "add",
-                   "overwrit", "rewrit", "replac", "delet", "remov", "insert",
-                   "prepend") + endings
-    # The agent's own instruction and settings files, with or without a folder before
-    # them, quoted or as a link's text ("[AGENTS.md](…)").
-    agent_file = (r"[\[\"'“‘]?(?:[\w.$~-]*/)*(?:(?:agents|claude|soul|memory|user|\.hermes)"
-                  r"\.md|\.cursorrules|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
-    key_prefixes = (r"sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]{20,}|github_pat_[a-z0-9_]{20,}"
-                    r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
-                    r"|-----begin (?:[a-z0-9]+ )*private key-----")  # a PEM key's first line
-    # "API key: …" is written with a space as often as with a "_".
-    key_names = (r"(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|client[ _-]?secret"
-                 r"|secret|token|password|passwd)")
+    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS: each reads text that
+    fold_text() has put in lower case. A verb and what it acts on must stand in one
+    sentence (`clause` lies between them). Built once, under the wiring."""
+    clause = r"(?:[^.;!?\n]|[.;!?](?=\S))*"             # a dot inside ".env" goes on
+    sends = r"\b(?:send|sent|post|upload|transmit|forward|exfiltrat|leak)\w*"
+    shares = r"\b(?:includ|output|print|shar|send|repeat|dump)\w*"
+    edits = (r"\b(?:updat|modif|edit|writ|wrote|chang|append|add|overwrit|rewrit|replac"
+             r"|delet|remov|insert|prepend)\w*")
+    agent_file = (r"(?:(?:agents|claude|soul|memory|user|\.hermes)\.md|\.cursorrules"
+                  r"|\.(?:learn-)?hermes/config\.ya?ml)")
     return [
-        # Data sent to an address: send/post/upload … to https://…, in one clause.
-        ("send_to_url", _SameClause(sends, r"\b(?:to|at|into|onto)\s+"
-                                           r"(?:\[[^][\n]{0,200}\]\()?"  # [a link](…), <…>
-                                           r"[<(\"']?(?:https?|ftp)://")),
-        # The conversation itself handed out.
-        ("context_exfil", _near(shares, r"(?:conversations?|chat (?:history|logs?)"
-                                        r"|previous messages|(?:full|entire|whole) context)")),
-        # Keys to this machine: a way in (authorized_keys) and the keys themselves.
+        ("send_to_url", re.compile(sends + clause + r"\b(?:to|at|into|onto)\s+\S{0,3}"
+                                   r"(?:https?|ftp)://")),
+        ("context_exfil", re.compile(shares + clause + r"(?:conversation|chat (?:history|log)"
+                                     r"|previous messages|(?:full|entire|whole) context)")),
         ("ssh_backdoor", re.compile(r"authorized_keys")),
         ("ssh_access", re.compile(r"(?:/|(?<![\w.-]))\.ssh\b")),
         ("secret_file", re.compile(r"(?<![\w-])\.(?:env(?!\.(?:example|sample|template)\b)"
                                    r"|netrc|pgpass|npmrc|pypirc|git-credentials)\b"
                                    r"|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)")),
-        # Orders to change the agent's own instructions or settings.
-        ("agent_config_mod", _near(edits, agent_file)),
-        # … or as a shell command: `echo … >> AGENTS.md`, `… | tee -a SOUL.md`. (A line
-        # that starts with ">" is a Markdown quote, not a redirection.)
-        ("agent_config_mod", re.compile(r"(?:[^\s>] ?>>?|\btee(?: -a)?) ?" + agent_file
-                                        + r"\b")),
-        # A secret written out: a known key format, or a long value after a key's name.
-        ("hardcoded_secret", re.compile(rf"(?<![a-z0-9])(?:{key_prefixes})")),
-        ("hardcoded_secret", re.compile(key_names + r"[\"']?\s*[:=]\s*[\"']?"
-                                        r"[a-z0-9+/=_.-]{20,}")),
+        ("agent_config_mod", re.compile(edits + clause + agent_file)),
+        # A known key format, or a long value after a key's name.
+        ("hardcoded_secret", re.compile(r"(?<![a-z0-9])(?:sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]"
+                                        r"{20,}|github_pat_[a-z0-9_]{20,}|akia[0-9a-z]{16}"
+                                        r"|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
+                                        r"|-----begin (?:[a-z0-9]+ )*private key-----)")),
+        ("hardcoded_secret", re.compile(r"(?:api[ _-]?key|secret|token|password)[\"']?\s*"
+                                        r"[:=]\s*[\"']?[a-z0-9+/=_.-]{20,}")),
     ]
 
 # ── [s06] Error recovery ────────────────────────────────────────────────────

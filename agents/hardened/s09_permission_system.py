@@ -4414,6 +4414,7 @@ def memory_snapshot_section(home: Path) -> str | None:
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
 MAX_MEMORY_FILE_BYTES = 65_536          # = the scan window: every entry is scanned whole
+
 MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 # A line holding only § (spaces around it allowed; \r counts as a space, since a file
 # edited on Windows is read with \r\n made \n).
