@@ -15,14 +15,14 @@ What this stage adds
         │      8 s … + jitter) and retry; used up ─▶ fallback, once
         ├─ context_overflow ─▶ compress, retry once
         └─ auth, billing, model_not_found, bad_request ─▶ one line
-    tool call ─▶ before_call(): failed 5× exactly so, or same result 5× ─▶ not run
+    tool call ─▶ before_call(): failed 5× exactly so ─▶ not run
                  after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
 
 Reading guide
     Start right below the imports: "[s06] Error recovery" is this stage's lesson:
     call_model() and classify_api_error(), then "[s06] Iteration budget" (IterationBudget)
-    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details" is
-    the hardening (Retry-After, the error words, the guardrails' messages). Earlier
+    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details"
+    holds their helpers (Retry-After, the error words, the guardrails' messages). Earlier
     stages follow, newest first (the loop's changes are in "[s01] The agent loop"), then
     the plumbing (/recovery is under "[s06] Error recovery commands") and the wiring.
     Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01]; and

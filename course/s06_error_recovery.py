@@ -17,6 +17,43 @@ What this stage adds
         │      8 s … + jitter) and retry; used up ─▶ fallback, once
         ├─ context_overflow ─▶ compress, retry once
         └─ auth, billing, model_not_found, bad_request ─▶ one line
+    tool call ─▶ before_call(): failed 5× exactly so ─▶ not run
+                 after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
+
+Reading guide
+    Start right below the imports: "[s06] Error recovery" is this stage's lesson:
+    call_model() and classify_api_error(), then "[s06] Iteration budget" (IterationBudget)
+    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details"
+    holds their helpers (Retry-After, the error words, the guardrails' messages). Earlier
+    stages follow, newest first (the loop's changes are in "[s01] The agent loop"), then
+    the plumbing (/recovery is under "[s06] Error recovery commands") and the wiring.
+    {changed elsewhere}
+Run
+    python agents/s06_error_recovery.py                 # REPL (offline model without a key)
+    python agents/s06_error_recovery.py --demo          # the walk-through
+    printf 'fail rate_limit\nretry $ ls nothing-here\n' |
+        python agents/s06_error_recovery.py
+Chapter
+    docs/en/s06-error-recovery.md
+"""
+
+#: docstring | hardened
+"""s06 · Error recovery — when the endpoint fails, and when the model goes in circles.
+
+What this stage adds
+    Every model call of the loop goes through call_model(); classify_api_error() sorts
+    a failure. What may work later (429, 5xx, a timeout, a dropped connection) is
+    retried with a growing, jittered wait or after Retry-After, then an optional
+    fallback model gets one try. A bad key, no credit, an unknown model or a bad request
+    is not retried; a conversation too long for the model is compressed and sent again.
+    Each turn gets an IterationBudget, and ToolCallGuardrails watch for tool-call loops.
+
+    call_model() ─ ok ────────────────────────────────────────────────▶ the answer
+        │ error: classify_api_error()
+        ├─ rate_limit, server, timeout, connection ─▶ wait (Retry-After, or 2 s, 4 s,
+        │      8 s … + jitter) and retry; used up ─▶ fallback, once
+        ├─ context_overflow ─▶ compress, retry once
+        └─ auth, billing, model_not_found, bad_request ─▶ one line
     tool call ─▶ before_call(): failed 5× exactly so, or same result 5× ─▶ not run
                  after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
 

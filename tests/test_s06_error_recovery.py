@@ -928,3 +928,15 @@ def test_every_call_answered(stage):
                                       {"role": "tool", "tool_call_id": "b"}])
     assert not stage.every_call_answered([assistant, {"role": "tool", "tool_call_id": "a"}])
     assert stage.every_call_answered([{"role": "user", "content": "x"}])
+
+
+def test_the_chapters_under_attack_table_holds_in_each_edition(stage, workdir):
+    """docs/*/s06-error-recovery.md, "Under attack": the teaching and the hardened column."""
+    hardened = hasattr(stage, "seconds_until")
+    (workdir / "notes.txt").write_text("same\n")
+    guard = stage.ToolCallGuardrails()
+    results = [guard.run("read_file", {"path": "notes.txt"})[0] for _ in range(6)]
+    assert all(json.loads(result).get("total_lines") == 1 for result in results[:5])
+    assert ("guardrail" in json.loads(results[5])) == hardened
+    date = {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    assert stage.retry_after_seconds(date) == (0.0 if hardened else None)
