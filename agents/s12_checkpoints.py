@@ -3135,7 +3135,7 @@ def strict_threat_patterns() -> list[tuple]:
     edits = (r"\b(?:updat|modif|edit|writ|wrote|chang|append|add|overwrit|rewrit|replac"
              r"|delet|remov|insert|prepend)\w*")
     agent_file = (r"(?:(?:agents|claude|soul|memory|user|\.hermes)\.md|\.cursorrules"
-                  r"|\.(?:learn-)?hermes/config\.ya?ml)")
+                  r"|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
     return [
         ("send_to_url", re.compile(sends + clause + r"\b(?:to|at|into|onto)\s+\S{0,3}"
                                    r"(?:https?|ftp)://")),
