@@ -15,14 +15,14 @@ What this stage adds
         │      8 s … + jitter) and retry; used up ─▶ fallback, once
         ├─ context_overflow ─▶ compress, retry once
         └─ auth, billing, model_not_found, bad_request ─▶ one line
-    tool call ─▶ before_call(): failed 5× exactly so, or same result 5× ─▶ not run
+    tool call ─▶ before_call(): failed 5× exactly so ─▶ not run
                  after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
 
 Reading guide
     Start right below the imports: "[s06] Error recovery" is this stage's lesson:
     call_model() and classify_api_error(), then "[s06] Iteration budget" (IterationBudget)
-    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details" is
-    the hardening (Retry-After, the error words, the guardrails' messages). Earlier
+    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details"
+    holds their helpers (Retry-After, the error words, the guardrails' messages). Earlier
     stages follow, newest first (the loop's changes are in "[s01] The agent loop"), then
     the plumbing (/recovery is under "[s06] Error recovery commands") and the wiring.
     Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01]; and
@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import datetime
-import email.utils
 import fnmatch
 import hashlib
 import html
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -249,12 +248,11 @@ class IterationBudget:
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
 # (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
-# next such call (it is not run) for exact_failure and no_progress, and halts the
-# whole turn for same_tool_failure. Counts start at zero every user turn.
+# next such call (it is not run) for exact_failure, and halts the whole turn for
+# same_tool_failure. Counts start at zero every user turn.
 GUARDRAIL_THRESHOLDS = {
     "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
     "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
-    "no_progress": (2, 5),              # a read-only call gave the same result again
 }
 
 
@@ -294,7 +292,6 @@ class ToolCallGuardrails:
         self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
         self.exact_failures: dict[tuple, int] = {}      # signature -> failures so far
         self.tool_failures: dict[str, int] = {}         # tool name -> failures so far
-        self.same_results: dict[tuple, tuple] = {}      # signature -> (result hash, times)
         self.halted: GuardrailDecision | None = None    # set once the turn must end
 
     def run(self, name: str, args: dict) -> tuple[str, str]:
@@ -314,10 +311,6 @@ class ToolCallGuardrails:
         if failures >= self.thresholds["exact_failure"][1]:
             return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
                                      signature)
-        repeats = self.same_results.get(signature, ("", 0))[1]
-        if repeats >= self.thresholds["no_progress"][1]:
-            return GuardrailDecision("block", "idempotent_no_progress_block", name, repeats,
-                                     signature)
         return None
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
@@ -325,18 +318,15 @@ class ToolCallGuardrails:
         if tool_call_failed(name, result):
             return self.count_failure(name, signature)
         if tool_may_have_side_effect(name):     # something may have changed: retrying an
-            self.exact_failures.clear()         # old failure or rereading a file is a new
-            self.tool_failures.clear()          # experiment now
-            self.same_results.clear()
-            return None
+            self.exact_failures.clear()         # old failure is a new experiment now
+            self.tool_failures.clear()
         self.exact_failures.pop(signature, None)
         self.tool_failures.pop(name, None)
-        return self.count_same_result(name, signature, result)
+        return None
 
     def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
-        self.same_results.pop(signature, None)
         if same >= self.thresholds["same_tool_failure"][1]:
             self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
                                             signature)
@@ -348,47 +338,21 @@ class ToolCallGuardrails:
             return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
         return None
 
-    def count_same_result(self, name: str, signature: tuple, result: str):
-        """A read-only call: the same result as last time is no progress."""
-        digest = hashlib.sha256(result.encode("utf-8", "replace")).hexdigest()
-        previous = self.same_results.get(signature)
-        repeats = previous[1] + 1 if previous is not None and previous[0] == digest else 1
-        self.same_results[signature] = (digest, repeats)
-        if repeats >= self.thresholds["no_progress"][0]:
-            return GuardrailDecision("warn", "idempotent_no_progress_warning", name, repeats,
-                                     signature)
-        return None
-
 # ── [s06] Recovery details ──────────────────────────────────────────────────
 
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
-    in seconds ("2", "0.5") or as an HTTP date. None when absent or unreadable."""
+    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
+    seconds. None when absent or not a number of seconds (the hardened edition also
+    reads an HTTP date, counted from `now`)."""
     try:
         if headers.get("retry-after-ms") is not None:
             seconds = float(headers["retry-after-ms"]) / 1000
-        elif headers.get("retry-after") is not None:
-            seconds = seconds_until(headers["retry-after"], now)
         else:
-            return None
-    except (ValueError, TypeError, OverflowError):
+            seconds = float(headers.get("retry-after"))
+    except (ValueError, TypeError):                     # absent, a date, or no number
         return None
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):   # NaN, infinity
-        return None
-    return max(0.0, seconds)
-
-
-def seconds_until(value: str, now: float | None) -> float:
-    """A Retry-After value: seconds, or an HTTP date such as
-    "Wed, 21 Oct 2015 07:28:00 GMT" (then the seconds from `now` until it)."""
-    try:
-        return float(value)
-    except ValueError:
-        when = email.utils.parsedate_to_datetime(value)   # ValueError if it is no date
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def response_headers(exc: Exception):
@@ -452,13 +416,9 @@ GUARDRAIL_MESSAGES = {
         "arguments. Read the error and change something before you call it again.",
     "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
         "assumptions (for terminal: which folder, which files?) before the next try.",
-    "idempotent_no_progress_warning": "{tool} returned the same result {count} times. Use "
-        "the result you already have.",
     "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
         "exactly these arguments. Change the arguments or the approach, or tell the user "
         "what is in the way.",
-    "idempotent_no_progress_block": "Not run: {tool} already returned the same result "
-        "{count} times for these arguments. Use that result.",
     "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so the turn "
         "ends here.",
     "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
@@ -2405,29 +2365,28 @@ DEMO_INPUTS = ["fail rate_limit", "fail connection", "fail server 4", "fail auth
 
 
 def run_demo(session: Session) -> int:
-    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    console.print(Text(f"The offline endpoint fails on request ('fail <kind> [times]'). The demo "
-                       f"waits {DEMO_BASE_DELAY:g} s where a session waits {RETRY_BASE_DELAY:g} s, "
-                       f"and its fallback is the model offline-backup.", style="dim"))
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. The offline endpoint fails on request "
+                       f"('fail <kind> [times]') and waits 1/200 of the real backoff; the "
+                       f"fallback is the model offline-backup.", style="bold"))
     start = current_directory()             # None if it was deleted: then there is no way back
     with tempfile.TemporaryDirectory(prefix="s06-demo-") as folder:
         os.chdir(folder)                    # the demo's commands run here
         try:
-            current = recovery_demo_session(session, MAX_ITERATIONS)
-            for line in DEMO_INPUTS[:-1]:
-                console.print(Text(f"\n{DEMO_TITLES[line]}", style="bold"))
-                console.print(Text(f"{STAGE}> {line}", style="bold"))
-                run_turn(current, line)
-            console.print(Text(f"every tool call has its result: "
-                               f"{every_call_answered(current.messages)}", style="dim"))
-            console.print(Text("\nWith --max-iterations 3, a loop that never fails still ends:",
-                               style="bold"))
-            short = recovery_demo_session(session, 3)
-            console.print(Text(f"{STAGE}> {DEMO_INPUTS[-1]}", style="bold"))
-            run_turn(short, DEMO_INPUTS[-1])
-            requests = sum(1 for m in short.messages if m.get("role") == "assistant")
-            console.print(Text(f"model calls in that turn: {requests}; every tool call has its "
-                               f"result: {every_call_answered(short.messages)}", style="dim"))
+            # The last input gets --max-iterations 3: a loop that never fails still ends.
+            for lines, max_iterations in ((DEMO_INPUTS[:-1], MAX_ITERATIONS),
+                                          (DEMO_INPUTS[-1:], 3)):
+                current = Session(session.client, session.model, session.base_url,
+                                  max_iterations, session.tools, None)
+                current.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY,
+                                               fallback_client=session.client,
+                                               fallback_model="offline-backup")
+                for line in lines:
+                    console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                    run_turn(current, line)
+                turns = "that turn" if len(lines) == 1 else "these turns"
+                calls = sum(1 for m in current.messages if m.get("role") == "assistant")
+                console.print(Text(f"model calls in {turns}: {calls}; every tool call has its "
+                                   f"result: {every_call_answered(current.messages)}", style="dim"))
         finally:
             if start is not None:
                 os.chdir(start)
@@ -2448,7 +2407,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
@@ -2755,25 +2715,6 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
-DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
-    "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
-    "fail connection": "A dropped connection: retried after a short, jittered wait.",
-    "fail server 4": "An outage: three retries with growing waits, then the fallback, once.",
-    "fail auth": "A 401: no retry can fix a key. One line, no second request.",
-    "fail context_overflow": "Too long for the model: compressed (s05), then sent once "
-                             "more.",
-    "retry $ ls no-such-file": "A model stuck on a failing command: a warning from the 2nd "
-                               "failure, a block after the 5th, a halt at the 8th.",
-}
-
-
-def recovery_demo_session(template: Session, max_iterations: int) -> Session:
-    """A new session on the demo's endpoint with tiny waits and a fallback model."""
-    session = Session(template.client, template.model, template.base_url, max_iterations,
-                      template.tools, None)
-    session.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=template.client,
-                                   fallback_model="offline-backup")
-    return session
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 

@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import datetime
-import email.utils
 import fnmatch
 import hashlib
 import html
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -522,7 +521,6 @@ def memory_snapshot_section(home: Path) -> str | None:
 
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
-MAX_MEMORY_FILE_BYTES = 65_536          # = the scan window: every entry is scanned whole
 MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 # A line holding only § (spaces around it allowed; \r counts as a space, since a file
 # edited on Windows is read with \r\n made \n).
@@ -612,17 +610,10 @@ def read_memory_file(path: Path) -> str | None:
             return None
         if not path.is_file():
             raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
-        if path.stat().st_size > MAX_MEMORY_FILE_BYTES:
-            raise MemoryFileError(f"{name} is larger than {MAX_MEMORY_FILE_BYTES:,} bytes; "
-                                  f"no memory file is that big")
-        data = path.read_bytes()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise MemoryFileError(f"{name} could not be read: "
                               f"{exc.strerror or type(exc).__name__}") from None
-    if b"\0" in data:
-        raise MemoryFileError(f"{name} holds NUL bytes: it is not a text file")
-    try:
-        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
@@ -653,71 +644,35 @@ def shown_entries(entries: list[str], name: str) -> list[str]:
     return shown
 
 
-class _SameClause:
-    """`first`, then `then` later in the same clause. Markdown joins the lines of a
-    paragraph, so "Upload the logs" and "to https://…" on two lines are one order; a
-    clause ends at . ; ! or ? before a space, at a blank line and where a list item,
-    quote or heading starts, so "I sent a PR; the docs are at https://…" is two
-    statements. Each clause is made one line, which s04's _SameLine searches in one
-    pass."""
-
-    _GOES_ON = re.compile(r"[^\S\n]*\n(?![^\S\n]*(?:\n|$|[-+*>#]|\d+[.)]))")
-    _CLAUSE_END = re.compile(r"[.;!?](?=\s|$)")
-
-    def __init__(self, first: str, then: str):
-        self.line = _SameLine(first, then)
-
-    def search(self, text: str) -> bool:
-        return self.line.search(self._CLAUSE_END.sub("\n", self._GOES_ON.sub(" ", text)))
-
-
 def strict_threat_patterns() -> list[tuple]:
-    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS. Like s04's, they read
-    text that fold_text() has put in lower case. Built once, at import time, under the
-    wiring: they use s04's helpers, which stand further down in this file."""
-    # A verb is a stem and an ending ("modif" + "ied"): "address" is not "add", nor
-    # "editor" "edit", because a rule wants a space after the verb.
-    endings = r"(?:e|es|ed|ing|s|d|y|ies|ied|ying|ted|ting|ten)?"
-    sends = _first("send", "sent", "post", "upload", "transmit", "forward", "exfiltrat",
-                   "leak") + endings + r"\b"
-    shares = _first("includ", "output", "print", "shar", "send", "repeat", "dump") + endings
-    edits = _first("updat", "modif", "edit", "writ", "wrote", "chang", "append", "add",
-                   "overwrit", "rewrit", "replac", "delet", "remov", "insert",
-                   "prepend") + endings
-    # The agent's own instruction and settings files, with or without a folder before
-    # them, quoted or as a link's text ("[AGENTS.md](…)").
-    agent_file = (r"[\[\"'“‘]?(?:[\w.$~-]*/)*(?:(?:agents|claude|soul|memory|user|\.hermes)"
-                  r"\.md|\.cursorrules|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
-    key_prefixes = (r"sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]{20,}|github_pat_[a-z0-9_]{20,}"
-                    r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
-                    r"|-----begin (?:[a-z0-9]+ )*private key-----")  # a PEM key's first line
-    # "API key: …" is written with a space as often as with a "_".
-    key_names = (r"(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|client[ _-]?secret"
-                 r"|secret|token|password|passwd)")
+    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS: each reads text that
+    fold_text() has put in lower case. A verb and what it acts on must stand in one
+    sentence (`clause` lies between them). Built once, under the wiring."""
+    clause = r"(?:[^.;!?\n]|[.;!?](?=\S))*"             # a dot inside ".env" goes on
+    sends = r"\b(?:send|sent|post|upload|transmit|forward|exfiltrat|leak)\w*"
+    shares = r"\b(?:includ|output|print|shar|send|repeat|dump)\w*"
+    edits = (r"\b(?:updat|modif|edit|writ|wrote|chang|append|add|overwrit|rewrit|replac"
+             r"|delet|remov|insert|prepend)\w*")
+    agent_file = (r"(?:(?:agents|claude|soul|memory|user|\.hermes)\.md|\.cursorrules"
+                  r"|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
     return [
-        # Data sent to an address: send/post/upload … to https://…, in one clause.
-        ("send_to_url", _SameClause(sends, r"\b(?:to|at|into|onto)\s+"
-                                           r"(?:\[[^][\n]{0,200}\]\()?"  # [a link](…), <…>
-                                           r"[<(\"']?(?:https?|ftp)://")),
-        # The conversation itself handed out.
-        ("context_exfil", _near(shares, r"(?:conversations?|chat (?:history|logs?)"
-                                        r"|previous messages|(?:full|entire|whole) context)")),
-        # Keys to this machine: a way in (authorized_keys) and the keys themselves.
+        ("send_to_url", re.compile(sends + clause + r"\b(?:to|at|into|onto)\s+\S{0,3}"
+                                   r"(?:https?|ftp)://")),
+        ("context_exfil", re.compile(shares + clause + r"(?:conversation|chat (?:history|log)"
+                                     r"|previous messages|(?:full|entire|whole) context)")),
         ("ssh_backdoor", re.compile(r"authorized_keys")),
         ("ssh_access", re.compile(r"(?:/|(?<![\w.-]))\.ssh\b")),
         ("secret_file", re.compile(r"(?<![\w-])\.(?:env(?!\.(?:example|sample|template)\b)"
                                    r"|netrc|pgpass|npmrc|pypirc|git-credentials)\b"
                                    r"|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)")),
-        # Orders to change the agent's own instructions or settings.
-        ("agent_config_mod", _near(edits, agent_file)),
-        # … or as a shell command: `echo … >> AGENTS.md`, `… | tee -a SOUL.md`. (A line
-        # that starts with ">" is a Markdown quote, not a redirection.)
-        ("agent_config_mod", re.compile(r"(?:[^\s>] ?>>?|\btee(?: -a)?) ?" + agent_file
-                                        + r"\b")),
-        # A secret written out: a known key format, or a long value after a key's name.
-        ("hardcoded_secret", re.compile(rf"(?<![a-z0-9])(?:{key_prefixes})")),
-        ("hardcoded_secret", re.compile(key_names + r"[\"']?\s*[:=]\s*[\"']?"
-                                        r"[a-z0-9+/=_.-]{20,}")),
+        ("agent_config_mod", re.compile(edits + clause + agent_file)),
+        # A known key format, or a long value after a key's name.
+        ("hardcoded_secret", re.compile(r"(?<![a-z0-9])(?:sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]"
+                                        r"{20,}|github_pat_[a-z0-9_]{20,}|akia[0-9a-z]{16}"
+                                        r"|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
+                                        r"|-----begin (?:[a-z0-9]+ )*private key-----)")),
+        ("hardcoded_secret", re.compile(r"(?:api[ _-]?key|secret|token|password)[\"']?\s*"
+                                        r"[:=]\s*[\"']?[a-z0-9+/=_.-]{20,}")),
     ]
 
 # ── [s06] Error recovery ────────────────────────────────────────────────────
@@ -901,12 +856,11 @@ class IterationBudget:
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
 # (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
-# next such call (it is not run) for exact_failure and no_progress, and halts the
-# whole turn for same_tool_failure. Counts start at zero every user turn.
+# next such call (it is not run) for exact_failure, and halts the whole turn for
+# same_tool_failure. Counts start at zero every user turn.
 GUARDRAIL_THRESHOLDS = {
     "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
     "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
-    "no_progress": (2, 5),              # a read-only call gave the same result again
 }
 
 
@@ -946,7 +900,6 @@ class ToolCallGuardrails:
         self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
         self.exact_failures: dict[tuple, int] = {}      # signature -> failures so far
         self.tool_failures: dict[str, int] = {}         # tool name -> failures so far
-        self.same_results: dict[tuple, tuple] = {}      # signature -> (result hash, times)
         self.halted: GuardrailDecision | None = None    # set once the turn must end
 
     def run(self, name: str, args: dict) -> tuple[str, str]:
@@ -966,10 +919,6 @@ class ToolCallGuardrails:
         if failures >= self.thresholds["exact_failure"][1]:
             return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
                                      signature)
-        repeats = self.same_results.get(signature, ("", 0))[1]
-        if repeats >= self.thresholds["no_progress"][1]:
-            return GuardrailDecision("block", "idempotent_no_progress_block", name, repeats,
-                                     signature)
         return None
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
@@ -977,18 +926,15 @@ class ToolCallGuardrails:
         if tool_call_failed(name, result):
             return self.count_failure(name, signature)
         if tool_may_have_side_effect(name):     # something may have changed: retrying an
-            self.exact_failures.clear()         # old failure or rereading a file is a new
-            self.tool_failures.clear()          # experiment now
-            self.same_results.clear()
-            return None
+            self.exact_failures.clear()         # old failure is a new experiment now
+            self.tool_failures.clear()
         self.exact_failures.pop(signature, None)
         self.tool_failures.pop(name, None)
-        return self.count_same_result(name, signature, result)
+        return None
 
     def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
-        self.same_results.pop(signature, None)
         if same >= self.thresholds["same_tool_failure"][1]:
             self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
                                             signature)
@@ -1000,47 +946,21 @@ class ToolCallGuardrails:
             return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
         return None
 
-    def count_same_result(self, name: str, signature: tuple, result: str):
-        """A read-only call: the same result as last time is no progress."""
-        digest = hashlib.sha256(result.encode("utf-8", "replace")).hexdigest()
-        previous = self.same_results.get(signature)
-        repeats = previous[1] + 1 if previous is not None and previous[0] == digest else 1
-        self.same_results[signature] = (digest, repeats)
-        if repeats >= self.thresholds["no_progress"][0]:
-            return GuardrailDecision("warn", "idempotent_no_progress_warning", name, repeats,
-                                     signature)
-        return None
-
 # ── [s06] Recovery details ──────────────────────────────────────────────────
 
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
-    in seconds ("2", "0.5") or as an HTTP date. None when absent or unreadable."""
+    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
+    seconds. None when absent or not a number of seconds (the hardened edition also
+    reads an HTTP date, counted from `now`)."""
     try:
         if headers.get("retry-after-ms") is not None:
             seconds = float(headers["retry-after-ms"]) / 1000
-        elif headers.get("retry-after") is not None:
-            seconds = seconds_until(headers["retry-after"], now)
         else:
-            return None
-    except (ValueError, TypeError, OverflowError):
+            seconds = float(headers.get("retry-after"))
+    except (ValueError, TypeError):                     # absent, a date, or no number
         return None
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):   # NaN, infinity
-        return None
-    return max(0.0, seconds)
-
-
-def seconds_until(value: str, now: float | None) -> float:
-    """A Retry-After value: seconds, or an HTTP date such as
-    "Wed, 21 Oct 2015 07:28:00 GMT" (then the seconds from `now` until it)."""
-    try:
-        return float(value)
-    except ValueError:
-        when = email.utils.parsedate_to_datetime(value)   # ValueError if it is no date
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def response_headers(exc: Exception):
@@ -1104,13 +1024,9 @@ GUARDRAIL_MESSAGES = {
         "arguments. Read the error and change something before you call it again.",
     "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
         "assumptions (for terminal: which folder, which files?) before the next try.",
-    "idempotent_no_progress_warning": "{tool} returned the same result {count} times. Use "
-        "the result you already have.",
     "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
         "exactly these arguments. Change the arguments or the approach, or tell the user "
         "what is in the way.",
-    "idempotent_no_progress_block": "Not run: {tool} already returned the same result "
-        "{count} times for these arguments. Use that result.",
     "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so the turn "
         "ends here.",
     "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
@@ -3131,7 +3047,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
@@ -3438,25 +3355,6 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
-DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
-    "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
-    "fail connection": "A dropped connection: retried after a short, jittered wait.",
-    "fail server 4": "An outage: three retries with growing waits, then the fallback, once.",
-    "fail auth": "A 401: no retry can fix a key. One line, no second request.",
-    "fail context_overflow": "Too long for the model: compressed (s05), then sent once "
-                             "more.",
-    "retry $ ls no-such-file": "A model stuck on a failing command: a warning from the 2nd "
-                               "failure, a block after the 5th, a halt at the 8th.",
-}
-
-
-def recovery_demo_session(template: Session, max_iterations: int) -> Session:
-    """A new session on the demo's endpoint with tiny waits and a fallback model."""
-    session = Session(template.client, template.model, template.base_url, max_iterations,
-                      template.tools, None)
-    session.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=template.client,
-                                   fallback_model="offline-backup")
-    return session
 
 # ── [s07] Memory commands ───────────────────────────────────────────────────
 

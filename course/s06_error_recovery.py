@@ -17,6 +17,43 @@ What this stage adds
         │      8 s … + jitter) and retry; used up ─▶ fallback, once
         ├─ context_overflow ─▶ compress, retry once
         └─ auth, billing, model_not_found, bad_request ─▶ one line
+    tool call ─▶ before_call(): failed 5× exactly so ─▶ not run
+                 after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
+
+Reading guide
+    Start right below the imports: "[s06] Error recovery" is this stage's lesson:
+    call_model() and classify_api_error(), then "[s06] Iteration budget" (IterationBudget)
+    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details"
+    holds their helpers (Retry-After, the error words, the guardrails' messages). Earlier
+    stages follow, newest first (the loop's changes are in "[s01] The agent loop"), then
+    the plumbing (/recovery is under "[s06] Error recovery commands") and the wiring.
+    {changed elsewhere}
+Run
+    python agents/s06_error_recovery.py                 # REPL (offline model without a key)
+    python agents/s06_error_recovery.py --demo          # the walk-through
+    printf 'fail rate_limit\nretry $ ls nothing-here\n' |
+        python agents/s06_error_recovery.py
+Chapter
+    docs/en/s06-error-recovery.md
+"""
+
+#: docstring | hardened
+"""s06 · Error recovery — when the endpoint fails, and when the model goes in circles.
+
+What this stage adds
+    Every model call of the loop goes through call_model(); classify_api_error() sorts
+    a failure. What may work later (429, 5xx, a timeout, a dropped connection) is
+    retried with a growing, jittered wait or after Retry-After, then an optional
+    fallback model gets one try. A bad key, no credit, an unknown model or a bad request
+    is not retried; a conversation too long for the model is compressed and sent again.
+    Each turn gets an IterationBudget, and ToolCallGuardrails watch for tool-call loops.
+
+    call_model() ─ ok ────────────────────────────────────────────────▶ the answer
+        │ error: classify_api_error()
+        ├─ rate_limit, server, timeout, connection ─▶ wait (Retry-After, or 2 s, 4 s,
+        │      8 s … + jitter) and retry; used up ─▶ fallback, once
+        ├─ context_overflow ─▶ compress, retry once
+        └─ auth, billing, model_not_found, bad_request ─▶ one line
     tool call ─▶ before_call(): failed 5× exactly so, or same result 5× ─▶ not run
                  after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
 
@@ -46,6 +83,7 @@ import fnmatch
 import hashlib
 import html
 import json
+import math
 import os
 import platform
 import random
@@ -246,6 +284,17 @@ class IterationBudget:
 
 #: section Tool-call guardrails
 
+#: teaching
+# (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
+# next such call (it is not run) for exact_failure, and halts the whole turn for
+# same_tool_failure. Counts start at zero every user turn.
+GUARDRAIL_THRESHOLDS = {
+    "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
+    "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
+}
+
+
+#: hardened
 # (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
 # next such call (it is not run) for exact_failure and no_progress, and halts the
 # whole turn for same_tool_failure. Counts start at zero every user turn.
@@ -283,6 +332,64 @@ class GuardrailDecision(NamedTuple):
     signature: tuple[str, str]          # call_signature() of the call
 
 
+#: teaching
+class ToolCallGuardrails:
+    """One user turn's watch over tool calls that go in circles. before_call() may
+    block a call; after_call() may warn about it or halt the turn. Only calls that
+    passed s02's door come here; a block is not a failure and changes no count."""
+
+    def __init__(self, thresholds: dict | None = None):
+        self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
+        self.exact_failures: dict[tuple, int] = {}      # signature -> failures so far
+        self.tool_failures: dict[str, int] = {}         # tool name -> failures so far
+        self.halted: GuardrailDecision | None = None    # set once the turn must end
+
+    def run(self, name: str, args: dict) -> tuple[str, str]:
+        """Run one valid call under guard: (its result, a note to append for the model)."""
+        block = self.before_call(name, args)
+        if block is not None:
+            return guardrail_refusal(block), ""
+        result = REGISTRY.dispatch(name, args)
+        decision = self.after_call(name, args, result)
+        return result, guardrail_note(decision) if decision is not None else ""
+
+    def before_call(self, name: str, args: dict) -> GuardrailDecision | None:
+        signature = call_signature(name, args)
+        if self.halted is not None:                     # later calls of the halted batch
+            return GuardrailDecision("block", "turn_halted", name, self.halted.count, signature)
+        failures = self.exact_failures.get(signature, 0)
+        if failures >= self.thresholds["exact_failure"][1]:
+            return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
+                                     signature)
+        return None
+
+    def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
+        signature = call_signature(name, args)
+        if tool_call_failed(name, result):
+            return self.count_failure(name, signature)
+        if tool_may_have_side_effect(name):     # something may have changed: retrying an
+            self.exact_failures.clear()         # old failure is a new experiment now
+            self.tool_failures.clear()
+        self.exact_failures.pop(signature, None)
+        self.tool_failures.pop(name, None)
+        return None
+
+    def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
+        exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
+        same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
+        if same >= self.thresholds["same_tool_failure"][1]:
+            self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
+                                            signature)
+            return self.halted
+        if exact >= self.thresholds["exact_failure"][0]:
+            return GuardrailDecision("warn", "repeated_exact_failure_warning", name, exact,
+                                     signature)
+        if same >= self.thresholds["same_tool_failure"][0]:
+            return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
+        return None
+
+
+#: hardened
 class ToolCallGuardrails:
     """One user turn's watch over tool calls that go in circles. before_call() may
     block a call; after_call() may warn about it or halt the turn. Only calls that
@@ -360,6 +467,22 @@ class ToolCallGuardrails:
 #: section Recovery details
 
 
+#: teaching
+def retry_after_seconds(headers, now: float | None = None) -> float | None:
+    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
+    seconds. None when absent or not a number of seconds (the hardened edition also
+    reads an HTTP date, counted from `now`)."""
+    try:
+        if headers.get("retry-after-ms") is not None:
+            seconds = float(headers["retry-after-ms"]) / 1000
+        else:
+            seconds = float(headers.get("retry-after"))
+    except (ValueError, TypeError):                     # absent, a date, or no number
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+#: hardened
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
     """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
     in seconds ("2", "0.5") or as an HTTP date. None when absent or unreadable."""
@@ -377,6 +500,7 @@ def retry_after_seconds(headers, now: float | None = None) -> float | None:
     return max(0.0, seconds)
 
 
+#: hardened
 def seconds_until(value: str, now: float | None) -> float:
     """A Retry-After value: seconds, or an HTTP date such as
     "Wed, 21 Oct 2015 07:28:00 GMT" (then the seconds from `now` until it)."""
@@ -445,6 +569,22 @@ def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
     return describe_api_error(exc, base_url, model)
 
 
+#: teaching
+GUARDRAIL_MESSAGES = {
+    "repeated_exact_failure_warning": "{tool} failed {count} times with exactly these "
+        "arguments. Read the error and change something before you call it again.",
+    "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
+        "assumptions (for terminal: which folder, which files?) before the next try.",
+    "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
+        "exactly these arguments. Change the arguments or the approach, or tell the user "
+        "what is in the way.",
+    "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so the turn "
+        "ends here.",
+    "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
+}
+
+
+#: hardened
 GUARDRAIL_MESSAGES = {
     "repeated_exact_failure_warning": "{tool} failed {count} times with exactly these "
         "arguments. Read the error and change something before you call it again.",
@@ -541,6 +681,9 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
+
+
+#: hardened
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",
@@ -553,6 +696,7 @@ DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
 }
 
 
+#: hardened
 def recovery_demo_session(template: Session, max_iterations: int) -> Session:
     """A new session on the demo's endpoint with tiny waits and a fallback model."""
     session = Session(template.client, template.model, template.base_url, max_iterations,
@@ -816,6 +960,37 @@ DEMO_INPUTS = ["fail rate_limit", "fail connection", "fail server 4", "fail auth
                "fail context_overflow", "retry $ ls no-such-file", "retry $ echo again"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. The offline endpoint fails on request "
+                       f"('fail <kind> [times]') and waits 1/200 of the real backoff; the "
+                       f"fallback is the model offline-backup.", style="bold"))
+    start = current_directory()             # None if it was deleted: then there is no way back
+    with tempfile.TemporaryDirectory(prefix="s06-demo-") as folder:
+        os.chdir(folder)                    # the demo's commands run here
+        try:
+            # The last input gets --max-iterations 3: a loop that never fails still ends.
+            for lines, max_iterations in ((DEMO_INPUTS[:-1], MAX_ITERATIONS),
+                                          (DEMO_INPUTS[-1:], 3)):
+                current = Session(session.client, session.model, session.base_url,
+                                  max_iterations, session.tools, None)
+                current.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY,
+                                               fallback_client=session.client,
+                                               fallback_model="offline-backup")
+                for line in lines:
+                    console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                    run_turn(current, line)
+                turns = "that turn" if len(lines) == 1 else "these turns"
+                calls = sum(1 for m in current.messages if m.get("role") == "assistant")
+                console.print(Text(f"model calls in {turns}: {calls}; every tool call has its "
+                                   f"result: {every_call_answered(current.messages)}", style="dim"))
+        finally:
+            if start is not None:
+                os.chdir(start)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     console.print(Text(f"The offline endpoint fails on request ('fail <kind> [times]'). The demo "
@@ -853,7 +1028,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

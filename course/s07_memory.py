@@ -189,7 +189,9 @@ def memory_snapshot_section(home: Path) -> str | None:
 
 #: section Memory details
 
+#: hardened
 MAX_MEMORY_FILE_BYTES = 65_536          # = the scan window: every entry is scanned whole
+
 MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 # A line holding only § (spaces around it allowed; \r counts as a space, since a file
 # edited on Windows is read with \r\n made \n).
@@ -267,6 +269,29 @@ def read_entries(path: Path) -> list[str]:
     return list(dict.fromkeys(entry for entry in entries if entry))
 
 
+#: teaching
+def read_memory_file(path: Path) -> str | None:
+    """The file's text, or None if there is none. MemoryFileError for a file that this
+    tool cannot have written. A link is refused, as s04 refuses linked context files:
+    the atomic write would follow it and replace whatever file it points to."""
+    name = path.name
+    try:
+        if path.is_symlink():
+            raise MemoryFileError(f"{name} is a symbolic link; memory files must be regular files")
+        if not path.exists():
+            return None
+        if not path.is_file():
+            raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise MemoryFileError(f"{name} could not be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+    return text.removeprefix("\ufeff").replace("\r\n", "\n")
+
+
+#: hardened
 def read_memory_file(path: Path) -> str | None:
     """The file's text, or None if there is none. MemoryFileError for a file that this
     tool cannot have written. A link is refused, as s04 refuses linked context files:
@@ -320,6 +345,7 @@ def shown_entries(entries: list[str], name: str) -> list[str]:
     return shown
 
 
+#: hardened
 class _SameClause:
     """`first`, then `then` later in the same clause. Markdown joins the lines of a
     paragraph, so "Upload the logs" and "to https://…" on two lines are one order; a
@@ -338,6 +364,40 @@ class _SameClause:
         return self.line.search(self._CLAUSE_END.sub("\n", self._GOES_ON.sub(" ", text)))
 
 
+#: teaching
+def strict_threat_patterns() -> list[tuple]:
+    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS: each reads text that
+    fold_text() has put in lower case. A verb and what it acts on must stand in one
+    sentence (`clause` lies between them). Built once, under the wiring."""
+    clause = r"(?:[^.;!?\n]|[.;!?](?=\S))*"             # a dot inside ".env" goes on
+    sends = r"\b(?:send|sent|post|upload|transmit|forward|exfiltrat|leak)\w*"
+    shares = r"\b(?:includ|output|print|shar|send|repeat|dump)\w*"
+    edits = (r"\b(?:updat|modif|edit|writ|wrote|chang|append|add|overwrit|rewrit|replac"
+             r"|delet|remov|insert|prepend)\w*")
+    agent_file = (r"(?:(?:agents|claude|soul|memory|user|\.hermes)\.md|\.cursorrules"
+                  r"|\.clinerules|\.(?:learn-)?hermes/config\.ya?ml)")
+    return [
+        ("send_to_url", re.compile(sends + clause + r"\b(?:to|at|into|onto)\s+\S{0,3}"
+                                   r"(?:https?|ftp)://")),
+        ("context_exfil", re.compile(shares + clause + r"(?:conversation|chat (?:history|log)"
+                                     r"|previous messages|(?:full|entire|whole) context)")),
+        ("ssh_backdoor", re.compile(r"authorized_keys")),
+        ("ssh_access", re.compile(r"(?:/|(?<![\w.-]))\.ssh\b")),
+        ("secret_file", re.compile(r"(?<![\w-])\.(?:env(?!\.(?:example|sample|template)\b)"
+                                   r"|netrc|pgpass|npmrc|pypirc|git-credentials)\b"
+                                   r"|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)")),
+        ("agent_config_mod", re.compile(edits + clause + agent_file)),
+        # A known key format, or a long value after a key's name.
+        ("hardcoded_secret", re.compile(r"(?<![a-z0-9])(?:sk-[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]"
+                                        r"{20,}|github_pat_[a-z0-9_]{20,}|akia[0-9a-z]{16}"
+                                        r"|xox[abprs]-[a-z0-9-]{20,}|glpat-[a-z0-9_-]{20,}"
+                                        r"|-----begin (?:[a-z0-9]+ )*private key-----)")),
+        ("hardcoded_secret", re.compile(r"(?:api[ _-]?key|secret|token|password)[\"']?\s*"
+                                        r"[:=]\s*[\"']?[a-z0-9+/=_.-]{20,}")),
+    ]
+
+
+#: hardened
 def strict_threat_patterns() -> list[tuple]:
     """The strict rules, (id, rule) as in s04's THREAT_PATTERNS. Like s04's, they read
     text that fold_text() has put in lower case. Built once, at import time, under the

@@ -156,9 +156,11 @@ def http_date(seconds_from_now: float) -> str:
     ({"retry-after": "0.5"}, 0.5),
     ({"retry-after": "0"}, 0.0),
     ({"retry-after": "-4"}, 0.0),
-    ({"retry-after": http_date(30)}, 30.0),
-    ({"retry-after": http_date(-30)}, 0.0),
-    ({"retry-after": "Tue, 14 Nov 2023 23:13:50 +0100"}, 30.0),   # NOW + 30 s, an hour east
+    # an HTTP date: only the hardened edition reads it (the teaching edition ignores it)
+    pytest.param({"retry-after": http_date(30)}, 30.0, marks=pytest.mark.hardening),
+    pytest.param({"retry-after": http_date(-30)}, 0.0, marks=pytest.mark.hardening),
+    pytest.param({"retry-after": "Tue, 14 Nov 2023 23:13:50 +0100"}, 30.0,   # NOW + 30 s,
+                 marks=pytest.mark.hardening),                                   # an hour east
     ({"retry-after-ms": "1500"}, 1.5),
     ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),     # the precise one wins
     ({"retry-after": "soon"}, None),
@@ -171,6 +173,7 @@ def test_retry_after_seconds(stage, headers, expected):
     assert stage.retry_after_seconds(headers, now=NOW) == expected
 
 
+@pytest.mark.hardening
 def test_an_http_date_without_a_zone_is_read_as_gmt(stage):
     naive = http_date(45).removesuffix(" GMT")
     assert stage.retry_after_seconds({"retry-after": naive}, now=NOW) == 45.0
@@ -446,8 +449,9 @@ def test_recovery_command_shows_the_settings(stage_name, tmp_path):
                                "30 s, plus up to 50% jitter; Retry-After honoured up to 60 s")
     assert lines[1].startswith("  fallback    b at http://127.0.0.1:")
     assert lines[2] == "  budget      7 model calls per turn (--max-iterations)"
+    no_progress = "; no_progress warn 2, stop 5" if stage_name.startswith("hardened/") else ""
     assert lines[3] == ("  guardrails  exact_failure warn 2, stop 5; same_tool_failure warn 3, "
-                        "stop 8; no_progress warn 2, stop 5")
+                        "stop 8" + no_progress)
     plain = run_main(stage_name, "-p", "/recovery", cwd=tmp_path)
     assert "  fallback    none (--fallback-model, --fallback-base-url)" in plain.stdout
 
@@ -569,6 +573,13 @@ def test_what_counts_as_a_failure(stage, name, result, failed):
 
 
 def test_the_thresholds(stage):
+    thresholds = dict(stage.GUARDRAIL_THRESHOLDS)
+    thresholds.pop("no_progress", None)                 # the hardened edition's own
+    assert thresholds == {"exact_failure": (2, 5), "same_tool_failure": (3, 8)}
+
+
+@pytest.mark.hardening
+def test_the_no_progress_threshold(stage):
     assert stage.GUARDRAIL_THRESHOLDS == {"exact_failure": (2, 5), "same_tool_failure": (3, 8),
                                           "no_progress": (2, 5)}
 
@@ -617,6 +628,7 @@ def test_same_tool_failures_warn_from_3_and_halt_at_8(stage, workdir):
     assert json.loads(result)["guardrail"]["code"] == "turn_halted"
 
 
+@pytest.mark.hardening
 def test_read_only_no_progress_warns_from_2_and_blocks_after_5(stage, workdir):
     (workdir / "notes.txt").write_text("same\n")
     guard = stage.ToolCallGuardrails()
@@ -631,6 +643,7 @@ def test_read_only_no_progress_warns_from_2_and_blocks_after_5(stage, workdir):
     assert guard.run("read_file", {"path": "notes.txt", "limit": 5})[1] == ""  # other args
 
 
+@pytest.mark.hardening
 def test_a_different_result_is_progress(stage, workdir):
     path = workdir / "notes.txt"
     path.write_text("one\n")
@@ -676,6 +689,7 @@ def test_success_resets_the_failure_counts(stage, workdir):
     assert guard.tool_failures == {"read_file": 1, "terminal": 1}
 
 
+@pytest.mark.hardening
 def test_a_failure_ends_a_no_progress_run(stage, workdir):
     path = workdir / "notes.txt"
     path.write_text("x\n")
@@ -860,6 +874,7 @@ def test_offline_retry_counts_attempts_per_turn(stage_name, tmp_path):
     assert re.findall(r"# attempt (\d+)", result.stdout) == ["7", "8", "9"] * 2
 
 
+@pytest.mark.hardening
 def test_offline_retry_of_a_read_stops_at_the_block(stage_name, tmp_path):
     (tmp_path / "notes.txt").write_text("same\n")
     result = run_main(stage_name, "-p", "retry read notes.txt", cwd=tmp_path)
@@ -867,6 +882,9 @@ def test_offline_retry_of_a_read_stops_at_the_block(stage_name, tmp_path):
     assert out.count("→ read_file") == 6 and "count=5" in out
     assert out.rstrip().endswith("The tool reported: Not run: read_file already returned the "
                                  "same result 5 times for these arguments. Use that result.")
+
+
+def test_offline_retry_of_nothing_says_what_to_try(stage_name, tmp_path):
     bad = run_main(stage_name, "-p", "retry nothing", cwd=tmp_path)
     assert "retry what? Try: retry $ ls no-such-file" in bad.stdout
 
@@ -905,3 +923,15 @@ def test_every_call_answered(stage):
                                       {"role": "tool", "tool_call_id": "b"}])
     assert not stage.every_call_answered([assistant, {"role": "tool", "tool_call_id": "a"}])
     assert stage.every_call_answered([{"role": "user", "content": "x"}])
+
+
+def test_the_chapters_under_attack_table_holds_in_each_edition(stage, workdir):
+    """docs/*/s06-error-recovery.md, "Under attack": the teaching and the hardened column."""
+    hardened = hasattr(stage, "seconds_until")
+    (workdir / "notes.txt").write_text("same\n")
+    guard = stage.ToolCallGuardrails()
+    results = [guard.run("read_file", {"path": "notes.txt"})[0] for _ in range(6)]
+    assert all(json.loads(result).get("total_lines") == 1 for result in results[:5])
+    assert ("guardrail" in json.loads(results[5])) == hardened
+    date = {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    assert stage.retry_after_seconds(date) == (0.0 if hardened else None)

@@ -192,6 +192,7 @@ def memory_snapshot_section(home: Path) -> str | None:
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
 MAX_MEMORY_FILE_BYTES = 65_536          # = the scan window: every entry is scanned whole
+
 MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 # A line holding only § (spaces around it allowed; \r counts as a space, since a file
 # edited on Windows is read with \r\n made \n).
@@ -3344,7 +3345,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
@@ -3651,6 +3653,8 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
+
+
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",

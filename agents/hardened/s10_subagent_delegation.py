@@ -4932,6 +4932,7 @@ def memory_snapshot_section(home: Path) -> str | None:
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
 MAX_MEMORY_FILE_BYTES = 65_536          # = the scan window: every entry is scanned whole
+
 MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 # A line holding only § (spaces around it allowed; \r counts as a space, since a file
 # edited on Windows is read with \r\n made \n).
@@ -8452,6 +8453,8 @@ def every_call_answered(messages: list) -> bool:
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
+
+
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",
