@@ -947,7 +947,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     if isinstance(exc, openai.RateLimitError):
         return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
     # 501 is left out: a static web server sends it to a POST, and waiting will not help.
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in (500, 502, 503, 504):
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500 \
+            and exc.status_code != 501:
         return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
     if isinstance(exc, openai.APIStatusError):
         return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
