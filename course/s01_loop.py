@@ -211,13 +211,38 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+#: teaching
+def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
+    """One clear line for each way an endpoint can fail; never a traceback."""
+    if isinstance(exc, openai.APIConnectionError):      # a timeout is one, too
+        return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
+    if isinstance(exc, openai.AuthenticationError):
+        if not os.environ.get("OPENAI_API_KEY"):
+            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
+        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+    if isinstance(exc, openai.NotFoundError):
+        return (f"Model '{model}' or its API was not found at {base_url} (404). "
+                f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
+    if isinstance(exc, openai.RateLimitError):
+        return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
+    # 501 is left out: a static web server sends it to a POST, and waiting will not help.
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500 \
+            and exc.status_code != 501:
+        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if isinstance(exc, openai.APIStatusError):
+        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
+
+
+#: hardened
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
     reason = not_an_api_reason(exc)
     if reason:                              # checked first: a 501 is no server error to retry
         return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
     if isinstance(exc, openai.APITimeoutError):
-        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+        return (f"The endpoint {base_url} did not answer in time. Try again, or check "
+                f"OPENAI_BASE_URL.")
     if isinstance(exc, openai.APIConnectionError):
         return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
     if isinstance(exc, openai.AuthenticationError):
@@ -236,6 +261,7 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
 
+#: hardened
 def not_an_api_reason(exc: Exception) -> str | None:
     """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
     if isinstance(exc, NotAnAPIError):
@@ -254,10 +280,26 @@ def first_line(text: str, limit: int = 200) -> str:
 #: section Loop details
 
 
+#: hardened
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
 
+#: teaching
+def first_message(response):
+    """The assistant message of a chat completion, or a clear error for anything else
+    (a web page from a wrong base URL, an error body that came with status 200)."""
+    try:
+        message = response.choices[0].message
+        if isinstance(message.content, (str, type(None))):
+            return message
+    except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
+        pass
+    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
+                             "check OPENAI_BASE_URL and --model")
+
+
+#: hardened
 def first_message(response):
     """The assistant message of a chat completion, or a clear error for anything else
     (an HTML page from a wrong base URL, an empty `choices`, an error body with 200)."""
@@ -592,7 +634,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

@@ -167,6 +167,7 @@ NOT_AN_API = [            # what a static web server or a web page behind the UR
 ]
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("answer", NOT_AN_API)
 def test_a_url_that_is_not_an_api_is_named_as_such(stage, answer):
     """Not "try again later": no retry turns a web server into a chat API."""

@@ -217,7 +217,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     if reason:                              # checked first: a 501 is no server error to retry
         return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
     if isinstance(exc, openai.APITimeoutError):
-        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+        return (f"The endpoint {base_url} did not answer in time. Try again, or check "
+                f"OPENAI_BASE_URL.")
     if isinstance(exc, openai.APIConnectionError):
         return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
     if isinstance(exc, openai.AuthenticationError):
@@ -592,7 +593,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

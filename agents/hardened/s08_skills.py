@@ -3257,7 +3257,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     if reason:                              # checked first: a 501 is no server error to retry
         return f"{base_url} is not an OpenAI-compatible API ({reason}): check OPENAI_BASE_URL."
     if isinstance(exc, openai.APITimeoutError):
-        return f"The endpoint {base_url} did not answer in time. Try again, or check OPENAI_BASE_URL."
+        return (f"The endpoint {base_url} did not answer in time. Try again, or check "
+                f"OPENAI_BASE_URL.")
     if isinstance(exc, openai.APIConnectionError):
         return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
     if isinstance(exc, openai.AuthenticationError):
