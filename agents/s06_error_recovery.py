@@ -677,16 +677,17 @@ def pruned_placeholder(function: dict, content: str) -> str:
 
 
 def summary_request(previous: str | None, middle: list) -> list:
-    """The summariser's messages: the instructions, then the text to summarise."""
+    """The summariser's messages: the instructions, then the text to summarise, each
+    message cut to its first SUMMARY_INPUT_MESSAGE_CHARS characters."""
     lines = []
     for message in middle:
-        content = shortened(str(message.get("content") or ""))
+        content = str(message.get("content") or "")[:SUMMARY_INPUT_MESSAGE_CHARS]
         if content or message.get("role") != "assistant":
             lines.append(f"[{message.get('role')}] {content}")
         for call in message.get("tool_calls") or []:
             function = call_function(call)
             lines.append(f"[assistant calls {function.get('name')}] "
-                         f"{shortened(str(function.get('arguments')))}")
+                         f"{str(function.get('arguments'))[:SUMMARY_INPUT_MESSAGE_CHARS]}")
     text = "Messages to summarise:\n" + "\n".join(lines)
     if previous:
         text = f"Previous summary (update it):\n{previous}\n\n{text}"
@@ -698,13 +699,6 @@ def call_function(call) -> dict:
     """The `function` part of a tool call; {} for a malformed one (a hand-edited session)."""
     function = call.get("function") if isinstance(call, dict) else None
     return function if isinstance(function, dict) else {}
-
-
-def shortened(text: str, limit: int = SUMMARY_INPUT_MESSAGE_CHARS) -> str:
-    """The start and the end of a long text, as the terminal keeps them."""
-    output = BoundedOutput(limit)
-    output.add(text)
-    return output.text()
 
 
 def replace_messages(messages: list, new: list) -> None:
