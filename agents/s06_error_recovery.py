@@ -63,7 +63,6 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import openai
-from markdown_it import MarkdownIt
 from rich.console import Console
 from rich.text import Text
 
@@ -638,16 +637,17 @@ def pruned_placeholder(function: dict, content: str) -> str:
 
 
 def summary_request(previous: str | None, middle: list) -> list:
-    """The summariser's messages: the instructions, then the text to summarise."""
+    """The summariser's messages: the instructions, then the text to summarise, each
+    message cut to its first SUMMARY_INPUT_MESSAGE_CHARS characters."""
     lines = []
     for message in middle:
-        content = shortened(str(message.get("content") or ""))
+        content = str(message.get("content") or "")[:SUMMARY_INPUT_MESSAGE_CHARS]
         if content or message.get("role") != "assistant":
             lines.append(f"[{message.get('role')}] {content}")
         for call in message.get("tool_calls") or []:
             function = call_function(call)
             lines.append(f"[assistant calls {function.get('name')}] "
-                         f"{shortened(str(function.get('arguments')))}")
+                         f"{str(function.get('arguments'))[:SUMMARY_INPUT_MESSAGE_CHARS]}")
     text = "Messages to summarise:\n" + "\n".join(lines)
     if previous:
         text = f"Previous summary (update it):\n{previous}\n\n{text}"
@@ -659,13 +659,6 @@ def call_function(call) -> dict:
     """The `function` part of a tool call; {} for a malformed one (a hand-edited session)."""
     function = call.get("function") if isinstance(call, dict) else None
     return function if isinstance(function, dict) else {}
-
-
-def shortened(text: str, limit: int = SUMMARY_INPUT_MESSAGE_CHARS) -> str:
-    """The start and the end of a long text, as the terminal keeps them."""
-    output = BoundedOutput(limit)
-    output.add(text)
-    return output.text()
 
 
 def replace_messages(messages: list, new: list) -> None:
@@ -739,12 +732,12 @@ def find_injection(text: str) -> list[str]:
     text = text[:_SCAN_MAX_CHARS]
     findings = {"invisible_unicode"} if invisible_characters(text) else set()
     normal = normalise_text(text)
-    # The model reads every word of the file, code included; a person reviewing it
-    # reads the rendered page. So the word rules read the text with its markup
-    # folded away, and the structure checks read the HTML for what the page hides.
-    words, markup = fold_text(normal), rendered_markup(normal)
+    # The word rules read the text with its markup folded away (`ig<b></b>nore`); the
+    # structure checks read the markup itself: every HTML comment counts, even one
+    # that a Markdown page would show as code (the hardened edition renders the page).
+    words = fold_text(normal)
     findings.update(finding for finding, rule in THREAT_PATTERNS if rule.search(words))
-    findings.update(finding for finding, check in STRUCTURE_CHECKS if check(markup))
+    findings.update(finding for finding, check in STRUCTURE_CHECKS if check(normal))
     return sorted(findings)
 
 
@@ -796,24 +789,10 @@ def load_context_file(path: Path, follow_links: bool = False) -> str | None:
 
 # ── [s04] Scanner details ───────────────────────────────────────────────────
 
-# Characters a reviewer cannot see but the model still reads: Unicode's "default
-# ignorable" code points (zero-width spaces and joiners, bidi controls, soft hyphens,
-# Hangul fillers, tag characters, ...) plus every other format character (Cf).
-_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-                        "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0"
-                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
-
-# Variation selectors also count, but the emoji in "⚠️" carries one, so they are
-# removed before matching (they cannot split a keyword) and not reported.
-_EMOJI_SELECTORS = re.compile("[\ufe00-\ufe0f]")
-
-
-def is_invisible(char: str) -> bool:
-    return bool(_INVISIBLE.match(char)) or unicodedata.category(char) == "Cf"
-
-
 def invisible_characters(text: str) -> set[str]:
-    return {char for char in set(text) if is_invisible(char)}
+    """The characters in `text` that a reviewer cannot see but the model reads: Unicode's
+    format characters (zero-width spaces and joiners, bidi controls, tag characters)."""
+    return {char for char in set(text) if unicodedata.category(char) == "Cf"}
 
 
 def normalise_text(text: str) -> str:
@@ -823,7 +802,7 @@ def normalise_text(text: str) -> str:
     invisible = invisible_characters(text)
     if invisible:
         text = text.translate(dict.fromkeys(map(ord, invisible)))
-    normal = unicodedata.normalize("NFKC", _EMOJI_SELECTORS.sub("", text))
+    normal = unicodedata.normalize("NFKC", text)
     return re.sub(r"\r\n|[\r\v\f\x85\u2028\u2029]", "\n", normal)
 
 
@@ -875,12 +854,6 @@ def _near(*keywords: str) -> re.Pattern:
     return re.compile((_GAP + _FILLER).join(parts) + r"\b")
 
 
-def _zh(*keywords: str) -> re.Pattern:
-    """Chinese has no spaces between words: key words in this order, each within 10
-    characters of the one before, in one clause (NFKC made "，" a ",")."""
-    return re.compile(r"[^\n.,;:!?。、]{0,10}".join(keywords))
-
-
 def _first(*words: str, negatable: bool = False) -> str:
     """A rule's first key word: one of `words`, not inside another word and, if it is
     `negatable`, not right after a negation. The word comes first and the checks on
@@ -893,13 +866,6 @@ def _first(*words: str, negatable: bool = False) -> str:
         before += _NEGATIONS if negatable else []
         forms.append(word + "".join(f"(?<!{text}{word})" for text in before))
     return f"(?:{'|'.join(forms)})"
-
-
-# Words that describe a system innocently ("the worker sends a heartbeat to the
-# scheduler", "fakes pretend to be the API") are a threat as an order to the agent:
-# at the start of a sentence, line or list item, or after "you must" and the like.
-_ORDER = (r"(?<!\w\s)(?<!\w)(?:(?:please|now|then|also|always|first|periodically|let['’]s"
-          r"|from now on|you (?:must|should|will|need to|have to)|i (?:want|need) you to) ){0,2}")
 
 
 class _SameLine:
@@ -933,80 +899,25 @@ _SENDS_SECRET_FILE = (r"(?:@|< ?|(?<![\w-])-t ?|--upload-file[ =]|--(?:post|body
 _CURL = _first("curl") + r"(?:\.exe)? "
 _WGET = _first("wget") + r"(?:\.exe)? "
 THREAT_PATTERNS = [
-    # Orders to drop the rules the agent already has. Russian words change their
-    # endings (инструкция, инструкции, инструкций), so its rules match stems.
+    # Orders to drop the rules the agent already has.
     ("ignore_instructions", _near(_first("ignore", negatable=True),
                                   "(?:previous|all|above|prior)", "instructions?")),
-    ("ignore_instructions", _near(_first("проигнорир", "игнорир", "забуд", "забыва", "отброс",
-                                         "пренебрег", negatable=True) + r"\w*",
-                                  r"(?:вс[её]\w*|предыдущ\w*|прежн\w*|ранее|выше|сво\w*"
-                                  r"|тво\w*|ваш\w*)",
-                                  r"(?:инструкци|указани|правил|ограничени|директив)\w*")),
-    ("ignore_instructions", _zh(_first("忽略", "忽视", "无视", "忘记", "忘掉", "抛开",
-                                       "不要理会", "别管", negatable=True),
-                                "(?:之前|以上|上面|前面|先前|此前|以前|原有|原来"
-                                "|所有|全部|一切|你的)",
-                                "(?:指令|指示|提示词|规则|设定|限制|约束)")),
     ("disregard_rules", _near(_first("disregard", negatable=True), "(?:your|all|any)",
                               "(?:instructions|rules|guidelines)")),
     ("system_prompt_override", _near(_first("system prompt override"))),
     # Role play: the agent is told it is somebody else now.
     ("role_change", _near(_first("you are", "you're", "you’re"), "now (?:a|an|the)")),
-    ("role_change", _near(_ORDER + "pretend", "(?:that )?(?:you(?: are|'re|’re)|to be)")),
-    ("role_change", _near(_first("you have been", "you've been", "you’ve been"),
-                          "(?:updated|upgraded|patched)", "to")),
-    ("role_change", _near(_first("ты теперь", "вы теперь", "ты отныне", "вы отныне")
-                          + r"(?! (?:(?:с?мож|долж|зна|вид)\w*|в|на|у|с|из|по|не)\b)")),
-    ("role_change", re.compile(_first("теперь", "отныне") + r",? (?:ты|вы)(?: —| -|:| являе"
-                                                            r"| игра\w* рол)")),
-    ("role_change", re.compile("你现在(?:是(?![否在不])|扮演|成为)"
-                               "|从现在(?:开始|起),?你(?:是|就是|将是|要扮演)|假装(?:你是|自己是)")),
     # Jailbreak: the limits are said to be gone.
     ("no_restrictions", _near(_first("act as if", "act as though"), "you",
                               "(?:have no|do not have|don['’]?t have)",
                               "(?:restrictions|limits|rules)")),
-    ("no_restrictions", _near(_first("respond", "answer", "reply"), "without",
-                              "(?:restrictions|limits|limitations|filters|filtering|safety"
-                              "|censorship)")),
     # The agent's own instructions, handed over.
     ("reveal_prompt", _near(_first("output", "print", "reveal", "show", "repeat", "display",
                                    "dump", "leak", negatable=True), "your",
                             "(?:system|initial|original|hidden) (?:prompt|instructions)")),
-    ("reveal_prompt", _near(_first("покаж", "вывед", "напечата", "раскро", "повтор", "выда",
-                                   "распечата", negatable=True) + r"\w*", r"(?:сво|тво|ваш)\w*",
-                            r"(?:системн|исходн|начальн|скрыт)\w* (?:промпт|подсказк"
-                            r"|инструкци|запрос)\w*")),
-    ("reveal_prompt", _zh(_first("输出", "打印", "显示", "展示", "告诉我", "透露", "泄露", "重复",
-                                 "给出", "说出", negatable=True),
-                          "你的", "(?:系统|初始|原始)(?:提示|指令|消息)")),
     # Secrecy: the user must not learn what the agent did.
     ("hide_from_user", _near(_first("do not", "don't", "don’t", "dont"), "tell",
                              "the user(?! to )")),          # "… tell the user to run X" is fine
-    # A payload that becomes a command only once translated.
-    ("translate_execute", _near(_first("translate"), "into",
-                                r"and (?:then )?(?:execute|eval|run)(?: (?:it|them|that|this"
-                                r"|the (?:result|output|code))\b|(?=[.,;:!?\n]|$))")),
-    # The agent's own settings taken out of its environment: `unset FOO_BAR OPENAI_API_KEY`,
-    # but not "an unset OPENAI_API_KEY". A name with a `_` is split at its first `_`
-    # ([^\W_]* cannot take one): `\w*_\w*` could split `a_a_a_…` anywhere, and retried
-    # every split of a long name (seconds on one line).
-    ("unset_agent_env", re.compile(_first("unset") + r"(?<!an unset)(?<!the unset) (?:-[fv] )?"
-                                   r"(?:[^\W_]*_\w* ){0,5}(?:\w*(?:openai|anthropic|hermes|claude"
-                                   r"|codex)|agent_)")),
-    # Command and control: the agent enrolled in somebody's network of bots.
-    ("c2_vocabulary", _near(_ORDER + "register", "as a (?:node|bot|peer|worker|agent)")),
-    ("c2_vocabulary", _near(_ORDER + "(?:send (?:a |an )?)?(?:beacon|heartbeat|phone home)",
-                            "(?:to|with)")),
-    ("c2_vocabulary", _near(_ORDER + "(?:pull|fetch|poll for|download)",
-                            "(?:tasks|jobs|orders|commands)", r"from (?:https?://|\d+\.\d+\.)")),
-    ("c2_vocabulary", re.compile(_first("check in", "check-in") + r" (?:to|with|at)"
-                                 r" (?:https?://|\d+\.\d+\.)")),
-    ("c2_vocabulary", _near(_first("command and control", "command-and-control",
-                                   "cobalt strike", "cobaltstrike", "metasploit", "brainworm"))),
-    ("c2_vocabulary", _near(_first("c2"), "(?:servers?|channels?|infrastructure|beacons?"
-                                          "|nodes?|network)")),
-    ("c2_vocabulary", _near(_first("sliver", "havoc", "mythic"),
-                            "(?:c2|implant|teamserver|beacon|agent|payload)s?")),
     # Secrets sent to a server, or read from the files that hold them.
     ("exfil_curl", _SameLine(_CURL, _SECRET_VARIABLE)),
     ("exfil_wget", _SameLine(_WGET, _SECRET_VARIABLE)),
@@ -1016,31 +927,6 @@ THREAT_PATTERNS = [
      re.compile(_first("cat") + r"(?: | ?< ?)(?:[^\s;|&,<>]+ ){0,3}[^\s;|&,<>]*"
                 + _SECRET_FILE)),
 ]
-
-# CommonMark, as the Markdown previews of GitHub, GitLab and editors render it, with
-# GitHub's tables. Links, images and emphasis cannot turn code into HTML or back, so
-# their (slow) rules are off; reference definitions, never shown, are rendered as text
-# so that what they hide is seen. markdown-it ships with rich.
-_MARKDOWN = MarkdownIt("commonmark").enable("table").disable(["link", "image", "emphasis",
-                                                               "reference"])
-_RENDER_MAX_WORK = 20_000       # 25 a line + 1 a mark: markdown-it is pure Python
-
-
-def rendered_markup(normal: str) -> str:
-    """The HTML a Markdown renderer makes of the text: comments and hidden elements in
-    it are what a reader of the page never sees. Code spans, fenced and indented code
-    come out escaped (`&lt;!--`), so HTML shown as code hides nothing, and a comment
-    after "```x```" or between escaped backticks is a real one. Text without a comment
-    or a hiding style has nothing to render. Text that would take long to render is
-    judged as written: every comment in it counts (fail closed)."""
-    if not _HIDDEN_TEXT.search(normal) and not hidden_element(normal):
-        return ""
-    if 25 * normal.count("\n") + len(re.findall(r"[^\w\s]", normal)) > _RENDER_MAX_WORK:
-        return normal
-    try:
-        return _MARKDOWN.render(normal)
-    except Exception:                   # a bug in the parser must not let a file through
-        return normal
 
 
 # What a browser never shows: comments, closed or not, and the "bogus comments" that

@@ -24,10 +24,10 @@ Reading guide
     Start right below the imports: "[s04] The system prompt" is this stage's lesson:
     build_system_prompt() assembles the parts in a fixed order. Then "[s04] Context
     files and the injection scanner": load_context_file() and find_injection().
-    "[s04] Scanner details" is the hardening (rendering Markdown, folding disguises,
-    the rule table). Earlier stages follow, newest first; the command line, the REPL
-    (/prompt is under "[s04] Prompt commands") and the offline model come last, and
-    the wiring at the very end registers the tools.
+    "[s04] Scanner details" holds the rules (folding disguises, the rule table; the
+    hardened edition adds more, and renders Markdown). Earlier stages follow, newest
+    first; the command line, the REPL (/prompt is under "[s04] Prompt commands") and
+    the offline model come last, and the wiring at the very end registers the tools.
     {changed elsewhere}
 Run
     python agents/s04_prompt_builder.py                 # REPL (offline model without a key)
@@ -124,12 +124,12 @@ def find_injection(text: str) -> list[str]:
     text = text[:_SCAN_MAX_CHARS]
     findings = {"invisible_unicode"} if invisible_characters(text) else set()
     normal = normalise_text(text)
-    # The model reads every word of the file, code included; a person reviewing it
-    # reads the rendered page. So the word rules read the text with its markup
-    # folded away, and the structure checks read the HTML for what the page hides.
-    words, markup = fold_text(normal), rendered_markup(normal)
+    # The word rules read the text with its markup folded away (`ig<b></b>nore`); the
+    # structure checks read the markup itself: every HTML comment counts, even one
+    # that a Markdown page would show as code (the hardened edition renders the page).
+    words = fold_text(normal)
     findings.update(finding for finding, rule in THREAT_PATTERNS if rule.search(words))
-    findings.update(finding for finding, check in STRUCTURE_CHECKS if check(markup))
+    findings.update(finding for finding, check in STRUCTURE_CHECKS if check(normal))
     return sorted(findings)
 
 #: hardened
@@ -198,6 +198,7 @@ def load_context_file(path: Path, follow_links: bool = False) -> str | None:
 
 #: section Scanner details
 
+#: hardened
 # Characters a reviewer cannot see but the model still reads: Unicode's "default
 # ignorable" code points (zero-width spaces and joiners, bidi controls, soft hyphens,
 # Hangul fillers, tag characters, ...) plus every other format character (Cf).
@@ -205,11 +206,12 @@ _INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180
                         "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0"
                         "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
 
+#: hardened
 # Variation selectors also count, but the emoji in "⚠️" carries one, so they are
 # removed before matching (they cannot split a keyword) and not reported.
 _EMOJI_SELECTORS = re.compile("[\ufe00-\ufe0f]")
 
-
+#: hardened
 def is_invisible(char: str) -> bool:
     return bool(_INVISIBLE.match(char)) or unicodedata.category(char) == "Cf"
 
@@ -228,7 +230,9 @@ _JOINER_IN_WRITING = re.compile(f"(?<=[{_JOINING_WRITING}])[{_JOINERS}](?=[{_JOI
 
 #: teaching
 def invisible_characters(text: str) -> set[str]:
-    return {char for char in set(text) if is_invisible(char)}
+    """The characters in `text` that a reviewer cannot see but the model reads: Unicode's
+    format characters (zero-width spaces and joiners, bidi controls, tag characters)."""
+    return {char for char in set(text) if unicodedata.category(char) == "Cf"}
 
 
 #: hardened
@@ -250,7 +254,7 @@ def normalise_text(text: str) -> str:
     invisible = invisible_characters(text)
     if invisible:
         text = text.translate(dict.fromkeys(map(ord, invisible)))
-    normal = unicodedata.normalize("NFKC", _EMOJI_SELECTORS.sub("", text))
+    normal = unicodedata.normalize("NFKC", text)
     return re.sub(r"\r\n|[\r\v\f\x85\u2028\u2029]", "\n", normal)
 
 
@@ -364,6 +368,7 @@ def _near(*keywords: str) -> re.Pattern:
     return re.compile((_GAP + _FILLER).join(parts) + r"\b")
 
 
+#: hardened
 def _zh(*keywords: str) -> re.Pattern:
     """Chinese has no spaces between words: key words in this order, each within 10
     characters of the one before, in one clause (NFKC made "，" a ",")."""
@@ -384,6 +389,7 @@ def _first(*words: str, negatable: bool = False) -> str:
     return f"(?:{'|'.join(forms)})"
 
 
+#: hardened
 # Words that describe a system innocently ("the worker sends a heartbeat to the
 # scheduler", "fakes pretend to be the API") are a threat as an order to the agent:
 # at the start of a sentence, line or list item, or after "you must" and the like.
@@ -448,6 +454,38 @@ _SENDS_SECRET_FILE = (r"(?:@|< ?|(?<![\w-])-t ?|--upload-file[ =]|--(?:post|body
                       rf"[\"']?[^\s\"'@<>;|&]*{_SECRET_FILE}")
 _CURL = _first("curl") + r"(?:\.exe)? "
 _WGET = _first("wget") + r"(?:\.exe)? "
+#: teaching
+THREAT_PATTERNS = [
+    # Orders to drop the rules the agent already has.
+    ("ignore_instructions", _near(_first("ignore", negatable=True),
+                                  "(?:previous|all|above|prior)", "instructions?")),
+    ("disregard_rules", _near(_first("disregard", negatable=True), "(?:your|all|any)",
+                              "(?:instructions|rules|guidelines)")),
+    ("system_prompt_override", _near(_first("system prompt override"))),
+    # Role play: the agent is told it is somebody else now.
+    ("role_change", _near(_first("you are", "you're", "you’re"), "now (?:a|an|the)")),
+    # Jailbreak: the limits are said to be gone.
+    ("no_restrictions", _near(_first("act as if", "act as though"), "you",
+                              "(?:have no|do not have|don['’]?t have)",
+                              "(?:restrictions|limits|rules)")),
+    # The agent's own instructions, handed over.
+    ("reveal_prompt", _near(_first("output", "print", "reveal", "show", "repeat", "display",
+                                   "dump", "leak", negatable=True), "your",
+                            "(?:system|initial|original|hidden) (?:prompt|instructions)")),
+    # Secrecy: the user must not learn what the agent did.
+    ("hide_from_user", _near(_first("do not", "don't", "don’t", "dont"), "tell",
+                             "the user(?! to )")),          # "… tell the user to run X" is fine
+    # Secrets sent to a server, or read from the files that hold them.
+    ("exfil_curl", _SameLine(_CURL, _SECRET_VARIABLE)),
+    ("exfil_wget", _SameLine(_WGET, _SECRET_VARIABLE)),
+    ("exfil_pipe", _SameLine(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
+    ("upload_secrets", _SameLine(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
+    ("read_secrets",            # the secrets file is one of cat's next few arguments
+     re.compile(_first("cat") + r"(?: | ?< ?)(?:[^\s;|&,<>]+ ){0,3}[^\s;|&,<>]*"
+                + _SECRET_FILE)),
+]
+
+#: hardened
 THREAT_PATTERNS = [
     # Orders to drop the rules the agent already has. Russian words change their
     # endings (инструкция, инструкции, инструкций), so its rules match stems.
@@ -533,6 +571,7 @@ THREAT_PATTERNS = [
                 + _SECRET_FILE)),
 ]
 
+#: hardened
 # CommonMark, as the Markdown previews of GitHub, GitLab and editors render it, with
 # GitHub's tables. Links, images and emphasis cannot turn code into HTML or back, so
 # their (slow) rules are off; reference definitions, never shown, are rendered as text
@@ -541,7 +580,7 @@ _MARKDOWN = MarkdownIt("commonmark").enable("table").disable(["link", "image", "
                                                                "reference"])
 _RENDER_MAX_WORK = 20_000       # 25 a line + 1 a mark: markdown-it is pure Python
 
-
+#: hardened
 def rendered_markup(normal: str) -> str:
     """The HTML a Markdown renderer makes of the text: comments and hidden elements in
     it are what a reader of the page never sees. Code spans, fenced and indented code
@@ -1113,7 +1152,8 @@ MORE_THREAT_PATTERNS = [
                                                             r"|canceled|revoked)\b")),
     # Secrecy in other words: "never tell", "don't show the user".
     ("hide_from_user", _close(_first("do not", "don't", "don’t", "dont", "never"),
-                              "(?:tell|show|inform|notify|mention (?:it |this |that |anything )?to)",
+                              "(?:tell|show|inform|notify"
+                              "|mention (?:it |this |that |anything )?to)",
                               "the user(?! to )")),
     # The environment, or a secret file, sent out by other programs than curl's -d.
     ("exfil_environment", _CommandLine(_first("env", "printenv", "environ", "set", "export"),

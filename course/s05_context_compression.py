@@ -248,6 +248,7 @@ def pruned_placeholder(function: dict, content: str) -> str:
     return f"{PRUNED_PREFIX}{call} returned {len(content):,} characters; run it again if needed]"
 
 
+#: hardened
 def summary_request(previous: str | None, middle: list) -> list:
     """The summariser's messages: the instructions, then the text to summarise."""
     lines = []
@@ -266,12 +267,34 @@ def summary_request(previous: str | None, middle: list) -> list:
             {"role": "user", "content": text}]
 
 
+
+#: teaching
+def summary_request(previous: str | None, middle: list) -> list:
+    """The summariser's messages: the instructions, then the text to summarise, each
+    message cut to its first SUMMARY_INPUT_MESSAGE_CHARS characters."""
+    lines = []
+    for message in middle:
+        content = str(message.get("content") or "")[:SUMMARY_INPUT_MESSAGE_CHARS]
+        if content or message.get("role") != "assistant":
+            lines.append(f"[{message.get('role')}] {content}")
+        for call in message.get("tool_calls") or []:
+            function = call_function(call)
+            lines.append(f"[assistant calls {function.get('name')}] "
+                         f"{str(function.get('arguments'))[:SUMMARY_INPUT_MESSAGE_CHARS]}")
+    text = "Messages to summarise:\n" + "\n".join(lines)
+    if previous:
+        text = f"Previous summary (update it):\n{previous}\n\n{text}"
+    return [{"role": "system", "content": SUMMARY_INSTRUCTIONS},
+            {"role": "user", "content": text}]
+
+
 def call_function(call) -> dict:
     """The `function` part of a tool call; {} for a malformed one (a hand-edited session)."""
     function = call.get("function") if isinstance(call, dict) else None
     return function if isinstance(function, dict) else {}
 
 
+#: hardened
 def shortened(text: str, limit: int = SUMMARY_INPUT_MESSAGE_CHARS) -> str:
     """The start and the end of a long text, as the terminal keeps them."""
     output = BoundedOutput(limit)

@@ -130,8 +130,9 @@ def main() -> None:
             texts = [(unit, repeated(unit)) for unit in NEAR_MISSES[finding]]
             for unit, text in texts + LONG_TOKENS.get(finding, []):
                 normal = stage.normalise_text(text)
-                view = (stage.rendered_markup(normal) if label == "structure check"
-                        else stage.fold_text(normal))
+                # The teaching edition's structure checks read the text as written.
+                render = getattr(stage, "rendered_markup", lambda normal: normal)
+                view = render(normal) if label == "structure check" else stage.fold_text(normal)
                 seconds = best_of_three(run, view)
                 worst = max(worst, (seconds, unit, text))
             scan = best_of_three(stage.find_injection, worst[2])
@@ -141,7 +142,7 @@ def main() -> None:
         scan, unit = max((best_of_three(stage.find_injection, repeated(unit)), unit)
                          for unit in NEAR_MISSES["invisible_unicode"])
         print(f"  {'invisible_unicode':24}{'character set':17}{unit!r:28}{'':8}{scan * 1000:8.1f}")
-        for unit in SLOW_MARKDOWN:
+        for unit in SLOW_MARKDOWN if hasattr(stage, "rendered_markup") else []:
             text = largest_rendered(stage, unit)
             seconds = best_of_three(stage.rendered_markup, stage.normalise_text(text))
             scan = best_of_three(stage.find_injection, text)

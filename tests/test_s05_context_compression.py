@@ -306,6 +306,15 @@ def test_the_summariser_sees_empty_results_but_no_empty_assistant_lines(stage):
 def test_the_summariser_sees_at_most_the_limit_of_one_message(stage):
     request = stage.summary_request(None, [user("a" * 1500 + "b" * 3000)])
     text = request[1]["content"]
+    assert stage.SUMMARY_INPUT_MESSAGE_CHARS == 2_000
+    assert "a" * 1000 in text and "b" * 2000 not in text
+    assert len(text) < len("Messages to summarise:\n[user] ") + 2_000 + 100
+
+
+@pytest.mark.hardening
+def test_the_summariser_sees_the_start_and_the_end_of_a_long_message(stage):
+    request = stage.summary_request(None, [user("a" * 1500 + "b" * 3000)])
+    text = request[1]["content"]
     assert "a" * 1000 in text and "a" * 1001 not in text and "b" * 1000 in text
     assert "[2500 characters truncated]" in text
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from helpers import (AGENTS, all_stages, base_stage, clean_env, every_stage, load_stage,
-                     run_main, run_stage, short)
+from helpers import (AGENTS, all_stages, base_stage, clean_env, edition_of, every_stage,
+                     load_stage, run_main, run_stage, short)
 
 STAGES = every_stage()
 
@@ -177,6 +177,19 @@ DEMO_PROMISES = {
     ],
 }
 
+# The promises that only the hardened edition's demo keeps: the teaching --demo may be
+# shorter (issue 21), so it leaves out these parts.
+HARDENED_DEMO_PROMISES = {
+    "s08_skills": [
+        "the body is in the prompt: False; the first session's prompt is unchanged: True",
+        "invalid skill name '../../.ssh'",
+        "skills/quick-fix exists: False",
+        "- friendly-reviewer: [BLOCKED: the description contained potential prompt injection "
+        "(role_change)]",
+        "Not usable: skills/broken/SKILL.md: 'description' is missing or empty",
+    ],
+}
+
 IMPORT_CHECK = """
 import importlib.util, os, sys, threading
 for path in sys.argv[1:]:
@@ -238,7 +251,11 @@ def assert_demo_kept_its_promises(stage, result):
     shown = result.stdout + result.stderr
     assert "Traceback" not in shown
     assert f"{short(stage)} demo: {load_stage(stage).STAGE_TITLE}." in result.stdout
-    missing = [line for line in DEMO_PROMISES[base_stage(stage)] if line not in shown]
+    promises = DEMO_PROMISES[base_stage(stage)]
+    if edition_of(stage) == "teaching":
+        promises = [line for line in promises
+                    if line not in HARDENED_DEMO_PROMISES.get(base_stage(stage), [])]
+    missing = [line for line in promises if line not in shown]
     assert missing == [], f"--demo of {stage} no longer shows these:\n{shown}"
 
 

@@ -22,10 +22,10 @@ Reading guide
     Start right below the imports: "[s04] The system prompt" is this stage's lesson:
     build_system_prompt() assembles the parts in a fixed order. Then "[s04] Context
     files and the injection scanner": load_context_file() and find_injection().
-    "[s04] Scanner details" is the hardening (rendering Markdown, folding disguises,
-    the rule table). Earlier stages follow, newest first; the command line, the REPL
-    (/prompt is under "[s04] Prompt commands") and the offline model come last, and
-    the wiring at the very end registers the tools.
+    "[s04] Scanner details" holds the rules (folding disguises, the rule table; the
+    hardened edition adds more, and renders Markdown). Earlier stages follow, newest
+    first; the command line, the REPL (/prompt is under "[s04] Prompt commands") and
+    the offline model come last, and the wiring at the very end registers the tools.
     Changed in earlier stages' sections: none; and 6 definitions of the plumbing (python
     course/build.py --changes s04 --edition hardened lists them all).
 Run
@@ -1036,7 +1036,8 @@ MORE_THREAT_PATTERNS = [
                                                             r"|canceled|revoked)\b")),
     # Secrecy in other words: "never tell", "don't show the user".
     ("hide_from_user", _close(_first("do not", "don't", "don’t", "dont", "never"),
-                              "(?:tell|show|inform|notify|mention (?:it |this |that |anything )?to)",
+                              "(?:tell|show|inform|notify"
+                              "|mention (?:it |this |that |anything )?to)",
                               "the user(?! to )")),
     # The environment, or a secret file, sent out by other programs than curl's -d.
     ("exfil_environment", _CommandLine(_first("env", "printenv", "environ", "set", "export"),

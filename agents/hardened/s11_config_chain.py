@@ -7371,7 +7371,8 @@ MORE_THREAT_PATTERNS = [
                                                             r"|canceled|revoked)\b")),
     # Secrecy in other words: "never tell", "don't show the user".
     ("hide_from_user", _close(_first("do not", "don't", "don’t", "dont", "never"),
-                              "(?:tell|show|inform|notify|mention (?:it |this |that |anything )?to)",
+                              "(?:tell|show|inform|notify"
+                              "|mention (?:it |this |that |anything )?to)",
                               "the user(?! to )")),
     # The environment, or a secret file, sent out by other programs than curl's -d.
     ("exfil_environment", _CommandLine(_first("env", "printenv", "environ", "set", "export"),
