@@ -745,9 +745,6 @@ MANAGED_ENV_VAR = "LEARN_HERMES_MANAGED"    # the administrator's file: it locks
 DEFAULT_MANAGED_FILE = Path("/etc/learn-hermes/config.yaml")   # read when it exists
 PROFILES_DIR_NAME = "profiles"          # --profile NAME: $LEARN_HERMES_HOME/profiles/NAME
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-MAX_CONFIG_BYTES = 256 * 1024           # a larger config file is refused, not read
-MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is refused
-ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
 SECRET_SHOWN = "(set, hidden)"
 
 
@@ -917,25 +914,14 @@ def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict,
             except ConfigError as exc:
                 errors.append(f"{entry.where}: {entry.key}: {exc}")
                 continue
-            if entry in managed and entry.key in ADDITIVE_KEYS:
-                value, origin = additive(resolved[entry.key], value, entry.origin)
-                resolved[entry.key] = Resolved(value, origin)
-            else:
-                resolved[entry.key] = Resolved(value, entry.origin)
+            resolved[entry.key] = Resolved(value, entry.origin)
     warnings.extend(lock_warnings(layers, managed))
     return resolved, errors
 
 
-def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[list, str]:
-    """The managed deny rules and the user's both hold: a user may deny more, never less."""
-    if user.origin == "default":
-        return managed_value, managed_origin
-    return list(dict.fromkeys([*managed_value, *user.value])), f"{managed_origin} + {user.origin}"
-
-
 def lock_warnings(layers: list, managed: list) -> list[str]:
     """One warning for each value that a managed key overrides."""
-    locked = {entry.key: entry.where for entry in managed if entry.key not in ADDITIVE_KEYS}
+    locked = {entry.key: entry.where for entry in managed}
     return [f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
             f"configuration ({locked[entry.key]})"
             for entries in layers for entry in entries if entry.key in locked]
@@ -986,13 +972,11 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     """The entries of one YAML file. A missing file is empty unless it was named; a file
     that cannot be read, or is not YAML, stops the start with its name and line."""
     shown = tilde(path)
+    if not path.exists():
+        if required:
+            raise ConfigError(f"{shown}: no such file")
+        return []
     try:
-        if not path.exists():
-            if required:
-                raise ConfigError(f"{shown}: no such file")
-            return []
-        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{shown}: not a regular file of at most {MAX_CONFIG_BYTES:,} bytes")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
@@ -1011,36 +995,28 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
                           f"(key: value lines), got {node_kind(root)}")
     entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings, 1)
+    collect_entries(root, "", label, shown, environ, entries, warnings)
     return entries
 
 
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list, depth: int) -> None:
+                    warnings: list) -> None:
     """Walk one mapping: a known key is an entry; a section is walked; anything else is
     an unknown key, reported with the nearest known one."""
-    if depth > MAX_CONFIG_DEPTH:
-        raise ConfigError(f"{shown}:{node.start_mark.line + 1}: sections nested more than "
-                          f"{MAX_CONFIG_DEPTH} deep")
-    seen = {}
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{where}: a key must be a plain name")
         key = prefix + key_node.value
-        if key in seen:         # PyYAML would keep the last one without a word
-            raise ConfigError(f"{where}: {key} is given twice (first on line {seen[key]})")
-        seen[key] = key_node.start_mark.line + 1
+        earlier = next((entry.where for entry in entries if entry.key == key), None)
+        if earlier is not None:         # PyYAML would keep the last one without a word
+            raise ConfigError(f"{where}: {key} is given twice (first on line "
+                              f"{earlier.rpartition(':')[2]})")
         if key in SETTINGS_BY_KEY:
-            earlier = next((entry.where for entry in entries if entry.key == key), None)
-            if earlier is not None:     # approvals.mode: beside approvals: → mode:
-                raise ConfigError(f"{where}: {key} is given twice (first on line "
-                                  f"{earlier.rpartition(':')[2]})")
             raw = node_value(value_node, where, key, environ)
             entries.append(Entry(key, raw, f"{label}:{key}", where))
         elif isinstance(value_node, yaml.MappingNode):
-            collect_entries(value_node, key + ".", label, shown, environ, entries, warnings,
-                            depth + 1)
+            collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         elif keys := section_keys(key):     # approvals: off meant approvals.mode: off
             raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
                               f"under it ({', '.join(keys[:3])}, ...)")
@@ -1198,21 +1174,6 @@ def chain_files() -> list[Path]:
     """The config files that this run read (config.yaml, --config, the managed file),
     also a --config file in the state folder: protected by their exact path and name."""
     return list(CONFIG.files) if CONFIG else []
-
-
-def chain_file_written(command: str) -> Path | None:
-    """A chain file that `command` may write: a write target that leads to it, or its
-    name in a command that does more than read (not the common name config.yaml)."""
-    files = [Path(os.path.realpath(file)) for file in chain_files()]
-    for target in write_targets(command):
-        expanded = expand_known_variables(target)
-        if expanded and Path(os.path.realpath(os.path.join(os.getcwd(), expanded))) in files:
-            return Path(os.path.realpath(os.path.join(os.getcwd(), expanded)))
-    if only_reads(command):
-        return None
-    text = QUOTING.sub("", normalize_command(command))
-    return next((file for file in files if file.name != CONFIG_FILE_NAME and file.name in text),
-                None)
 
 
 def profile_policy_file(real: Path) -> bool:
@@ -2401,19 +2362,20 @@ def write_private_json(path: Path, data) -> None:
 def policy_file_written(command: str) -> Path | None:
     """The policy file `command` may write, or None: a path write_targets() finds that
     is one (or the folder holding it), or the name of one (allowlist.json; not the common
-    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a file
-    of the configuration chain."""
+    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a
+    write target that is a file of the configuration chain (chain_files())."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
+    chain = [Path(os.path.realpath(path)) for path in chain_files()]
     for target in write_targets(command):
         expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
         real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
-        if profile_policy_file(real):               # any profile's, also one not made yet
+        if profile_policy_file(real) or real in chain:  # any profile's, also one not made yet
             return real
         if hit := next((p for p in policies if real in (p, p.parent)), None):
             return hit
     named = next((p for p in policies if p.name in normalize_command(command)
                   and p.name != CONFIG_FILE_NAME), None)
-    return (None if only_reads(command) else named) or chain_file_written(command)
+    return None if only_reads(command) else named
 
 
 # Commands that only read or print, whatever their arguments, except the options listed,
@@ -6397,29 +6359,8 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  {warning}", style="yellow"))
 
 
-def demo_mistakes(session: Session) -> None:
-    console.print(Text(f"\n2. Mistakes in {CONFIG_FILE_NAME} are named with their line; a "
-                       f"bad value refuses the start, never a silent default:", style="bold"))
-    path = hermes_home() / CONFIG_FILE_NAME
-    for text in ("approvals:\n  timeout: soon\n", "approvals:\n  mode: off\n",
-                 "aprovals:\n  mode: manual\n"):
-        path.write_text(text, encoding="utf-8")
-        console.print(Text("  " + " ".join(text.split()), style="dim"))
-        try:
-            config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
-                                                  "LEARN_HERMES_HOME": str(hermes_home())})
-        except ConfigError as exc:
-            console.print(Text(f"  error: {exc}", style="red"))
-            continue
-        for warning in config.warnings:
-            console.print(Text(f"  {warning}", style="yellow"))
-        note = " (YAML itself would read off as false)" if "off" in text else ""
-        console.print(Text(f"  approvals.mode = {config['approvals.mode']!r}{note}"))
-    path.unlink()
-
-
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
+    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
                        "deny: ['rm -rf *']}", style="bold"))
     path = hermes_home() / CONFIG_FILE_NAME
     path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
@@ -6436,11 +6377,11 @@ def demo_deny(session: Session) -> None:
 def demo_deny_turns(session: Session) -> None:
     demo_turn(session, DEMO_INPUTS[0])
     demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n4. The agent cannot change its own configuration, with any tool:",
+    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
                        style="bold"))
     demo_turn(session, DEMO_INPUTS[2])
     demo_turn(session, DEMO_INPUTS[3])
-    console.print(Text("\n5. The model can be told what the settings are, never change "
+    console.print(Text("\n4. The model can be told what the settings are, never change "
                        "them (/config shows every key):", style="bold"))
     demo_turn(session, DEMO_INPUTS[4])
 

@@ -89,10 +89,11 @@ MANAGED_ENV_VAR = "LEARN_HERMES_MANAGED"    # the administrator's file: it locks
 DEFAULT_MANAGED_FILE = Path("/etc/learn-hermes/config.yaml")   # read when it exists
 PROFILES_DIR_NAME = "profiles"          # --profile NAME: $LEARN_HERMES_HOME/profiles/NAME
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+SECRET_SHOWN = "(set, hidden)"
+#: hardened
 MAX_CONFIG_BYTES = 256 * 1024           # a larger config file is refused, not read
 MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is refused
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
-SECRET_SHOWN = "(set, hidden)"
 
 
 class Setting(NamedTuple):
@@ -241,6 +242,25 @@ def load_config(args, environ=os.environ) -> Config:
     return config
 
 
+#: teaching
+def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict, list]:
+    """Each key's value from the last layer (weakest first) that sets it, then the
+    managed layer on top of all: a key it sets is locked. Every bad value is an error."""
+    resolved = {s.key: Resolved(s.default, "default") for s in SETTINGS}
+    errors = []
+    for entries in [*layers, managed]:
+        for entry in entries:
+            try:
+                value = convert(SETTINGS_BY_KEY[entry.key], entry.raw)
+            except ConfigError as exc:
+                errors.append(f"{entry.where}: {entry.key}: {exc}")
+                continue
+            resolved[entry.key] = Resolved(value, entry.origin)
+    warnings.extend(lock_warnings(layers, managed))
+    return resolved, errors
+
+
+#: hardened
 def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict, list]:
     """Each key's value from the last layer (weakest first) that sets it, then the
     managed layer on top of all: a key it sets is locked. Every bad value is an error."""
@@ -262,6 +282,7 @@ def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict,
     return resolved, errors
 
 
+#: hardened
 def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[list, str]:
     """The managed deny rules and the user's both hold: a user may deny more, never less."""
     if user.origin == "default":
@@ -269,6 +290,16 @@ def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[
     return list(dict.fromkeys([*managed_value, *user.value])), f"{managed_origin} + {user.origin}"
 
 
+#: teaching
+def lock_warnings(layers: list, managed: list) -> list[str]:
+    """One warning for each value that a managed key overrides."""
+    locked = {entry.key: entry.where for entry in managed}
+    return [f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
+            f"configuration ({locked[entry.key]})"
+            for entries in layers for entry in entries if entry.key in locked]
+
+
+#: hardened
 def lock_warnings(layers: list, managed: list) -> list[str]:
     """One warning for each value that a managed key overrides."""
     locked = {entry.key: entry.where for entry in managed if entry.key not in ADDITIVE_KEYS}
@@ -312,6 +343,66 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 
+#: teaching
+def read_config_file(path: Path, label: str, environ, warnings: list,
+                     required: bool) -> list[Entry]:
+    """The entries of one YAML file. A missing file is empty unless it was named; a file
+    that cannot be read, or is not YAML, stops the start with its name and line."""
+    shown = tilde(path)
+    if not path.exists():
+        if required:
+            raise ConfigError(f"{shown}: no such file")
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
+    try:
+        # compose(), not load(): the nodes keep their line numbers and the text as written,
+        # so `mode: off` stays "off" (load() would make it False).
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{shown}{line}: not valid YAML "
+                          f"({getattr(exc, 'problem', None) or first_line(exc)})") from None
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == YAML_NULL):
+        return []
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
+                          f"(key: value lines), got {node_kind(root)}")
+    entries: list[Entry] = []
+    collect_entries(root, "", label, shown, environ, entries, warnings)
+    return entries
+
+
+#: teaching
+def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
+                    warnings: list) -> None:
+    """Walk one mapping: a known key is an entry; a section is walked; anything else is
+    an unknown key, reported with the nearest known one."""
+    for key_node, value_node in node.value:
+        where = f"{shown}:{key_node.start_mark.line + 1}"
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(f"{where}: a key must be a plain name")
+        key = prefix + key_node.value
+        earlier = next((entry.where for entry in entries if entry.key == key), None)
+        if earlier is not None:         # PyYAML would keep the last one without a word
+            raise ConfigError(f"{where}: {key} is given twice (first on line "
+                              f"{earlier.rpartition(':')[2]})")
+        if key in SETTINGS_BY_KEY:
+            raw = node_value(value_node, where, key, environ)
+            entries.append(Entry(key, raw, f"{label}:{key}", where))
+        elif isinstance(value_node, yaml.MappingNode):
+            collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
+        elif keys := section_keys(key):     # approvals: off meant approvals.mode: off
+            raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
+                              f"under it ({', '.join(keys[:3])}, ...)")
+        else:
+            warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
+
+
+#: hardened
 def read_config_file(path: Path, label: str, environ, warnings: list,
                      required: bool) -> list[Entry]:
     """The entries of one YAML file. A missing file is empty unless it was named; a file
@@ -346,6 +437,7 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     return entries
 
 
+#: hardened
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
                     warnings: list, depth: int) -> None:
     """Walk one mapping: a known key is an entry; a section is walked; anything else is
@@ -645,6 +737,7 @@ def chain_files() -> list[Path]:
     return list(CONFIG.files) if CONFIG else []
 
 
+#: hardened
 def chain_file_written(command: str) -> Path | None:
     """A chain file that `command` may write: a write target that leads to it, or its
     name in a command that does more than read (not the common name config.yaml)."""
@@ -807,6 +900,7 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  {warning}", style="yellow"))
 
 
+#: hardened
 def demo_mistakes(session: Session) -> None:
     console.print(Text(f"\n2. Mistakes in {CONFIG_FILE_NAME} are named with their line; a "
                        f"bad value refuses the start, never a silent default:", style="bold"))
@@ -828,6 +922,36 @@ def demo_mistakes(session: Session) -> None:
     path.unlink()
 
 
+#: teaching
+def demo_deny(session: Session) -> None:
+    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
+                       "deny: ['rm -rf *']}", style="bold"))
+    path = hermes_home() / CONFIG_FILE_NAME
+    path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
+    config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
+                                          "LEARN_HERMES_HOME": str(hermes_home())})
+    global CONFIG
+    saved, CONFIG = CONFIG, config          # the one the config verb describes, for now
+    try:
+        with_approvals(permissions_from_config(config), session, demo_deny_turns)
+    finally:
+        CONFIG = saved
+
+
+#: teaching
+def demo_deny_turns(session: Session) -> None:
+    demo_turn(session, DEMO_INPUTS[0])
+    demo_turn(session, DEMO_INPUTS[1])
+    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
+                       style="bold"))
+    demo_turn(session, DEMO_INPUTS[2])
+    demo_turn(session, DEMO_INPUTS[3])
+    console.print(Text("\n4. The model can be told what the settings are, never change "
+                       "them (/config shows every key):", style="bold"))
+    demo_turn(session, DEMO_INPUTS[4])
+
+
+#: hardened
 def demo_deny(session: Session) -> None:
     console.print(Text("\n3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
                        "deny: ['rm -rf *']}", style="bold"))
@@ -843,6 +967,7 @@ def demo_deny(session: Session) -> None:
         CONFIG = saved
 
 
+#: hardened
 def demo_deny_turns(session: Session) -> None:
     demo_turn(session, DEMO_INPUTS[0])
     demo_turn(session, DEMO_INPUTS[1])
@@ -1085,19 +1210,20 @@ def allowlist_keys(permissions: Permissions) -> set:
 def policy_file_written(command: str) -> Path | None:
     """The policy file `command` may write, or None: a path write_targets() finds that
     is one (or the folder holding it), or the name of one (allowlist.json; not the common
-    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a file
-    of the configuration chain."""
+    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a
+    write target that is a file of the configuration chain (chain_files())."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
+    chain = [Path(os.path.realpath(path)) for path in chain_files()]
     for target in write_targets(command):
         expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
         real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
-        if profile_policy_file(real):               # any profile's, also one not made yet
+        if profile_policy_file(real) or real in chain:  # any profile's, also one not made yet
             return real
         if hit := next((p for p in policies if real in (p, p.parent)), None):
             return hit
     named = next((p for p in policies if p.name in normalize_command(command)
                   and p.name != CONFIG_FILE_NAME), None)
-    return (None if only_reads(command) else named) or chain_file_written(command)
+    return None if only_reads(command) else named
 
 
 #: hardened
@@ -1207,6 +1333,30 @@ DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
                "$ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml", "config"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
+    saved_folder = current_directory()
+    with tempfile.TemporaryDirectory(prefix="s11-demo-") as folder:
+        try:
+            enter_demo_folder(Path(folder))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
+            demo_chain(session)
+            demo_deny(session)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if saved_folder is not None:
+                os.chdir(saved_folder)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}

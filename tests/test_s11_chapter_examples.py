@@ -250,6 +250,7 @@ def test_a_lock_covers_one_key(stage, tmp_path):
     assert config.warnings[0].startswith("warning: --yolo is ignored: approvals.yolo is locked")
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_managed_deny_rules_add_up_with_the_users(stage, tmp_path):
     s = fresh_stage(stage)
@@ -305,6 +306,7 @@ def test_what_convert_accepts_for_each_kind(stage, tmp_path):
         s.convert(setting["model"], "  ")
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_file_too_large_or_too_deep_is_refused(stage, tmp_path):
     s = fresh_stage(stage)

@@ -349,6 +349,16 @@ def test_the_lock_is_shown_by_main_once(stage, home, tmp_path):
     assert ("approvals.mode", "manual", "managed:approvals.mode") in table(result.stdout)
 
 
+def test_the_managed_deny_rules_cannot_be_removed(stage, home):
+    managed = "approvals:\n  deny: ['rm -rf *', 'curl *']\n"
+    emptied = chain(stage, home, yaml="approvals:\n  deny: []\n", managed=managed)
+    assert emptied["approvals.deny"] == ["rm -rf *", "curl *"]
+    alone = chain(stage, home, yaml="# nothing\n", managed=managed)
+    assert changed(alone) == {"approvals.deny": (["rm -rf *", "curl *"],
+                                                 "managed:approvals.deny")}
+
+
+@pytest.mark.hardening
 def test_deny_rules_add_up_the_managed_ones_cannot_be_removed(stage, home):
     managed = "approvals:\n  deny: ['rm -rf *', 'curl *']\n"
     both = chain(stage, home, yaml="approvals:\n  deny: ['git push*', 'curl *']\n",
@@ -489,12 +499,13 @@ FILE_ERRORS = [
     ("approvals:\n  deny: ['rm ${NOT_SET_ANYWHERE}']\n",
      "2: approvals.deny: ${NOT_SET_ANYWHERE} is not set"),
     ("# settings\nmodel: a\nmodel: b\n", "3: model is given twice (first on line 2)"),
-    ("approvals:\n  mode: off\napprovals:\n  yolo: true\n",
-     "3: approvals is given twice (first on line 1)"),
+    pytest.param("approvals:\n  mode: off\napprovals:\n  yolo: true\n",   # teaching: merged
+                 "3: approvals is given twice (first on line 1)", marks=pytest.mark.hardening),
     ("? [a, b]\n: 1\n", "1: a key must be a plain name"),
     ("- model: a\n", "1: expected settings (key: value lines), got a list"),
     ("\nhello\n", "2: expected settings (key: value lines), got 'hello'"),
-    ("a: {b: {c: {d: {e: 1}}}}\n", "1: sections nested more than 4 deep"),
+    pytest.param("a: {b: {c: {d: {e: 1}}}}\n", "1: sections nested more than 4 deep",
+                 marks=pytest.mark.hardening),
     ("model: x\napprovals:\n  mode: [manual\n", "4: not valid YAML (expected ',' or ']', "
      "but got '<stream end>')"),
     ("model: a\n  bad indent: b\n", "2: not valid YAML (mapping values are not allowed here)"),
@@ -577,6 +588,16 @@ def test_the_threshold_range_holds_at_both_ends(stage, home):
         "must be from 0.1 to 0.95, got 1.0")                   # a float, also when whole
 
 
+def test_a_file_that_is_not_text_is_refused(stage, home):
+    path = home / "config.yaml"
+    path.write_bytes(b"model: caf\xe9\n")
+    assert chain_error(stage, home).startswith(f"{path}: cannot be read (")
+    path.unlink()
+    path.mkdir()
+    assert chain_error(stage, home).startswith(f"{path}: ")
+
+
+@pytest.mark.hardening
 def test_a_file_too_large_or_not_a_file_or_not_text_is_refused(stage, home):
     path = home / "config.yaml"
     limit = stage.MAX_CONFIG_BYTES
@@ -594,6 +615,7 @@ def test_a_file_too_large_or_not_a_file_or_not_text_is_refused(stage, home):
     assert chain_error(stage, home).startswith(f"{path}: cannot be read (")
 
 
+@pytest.mark.hardening
 def test_four_levels_of_sections_are_read_five_are_refused(stage, home):
     assert stage.MAX_CONFIG_DEPTH == 4
     config = chain(stage, home, yaml="a:\n  b:\n    c:\n      d: 1\n")
@@ -1236,18 +1258,27 @@ def test_no_tool_changes_a_config_file(stage, home, work, tmp_path, target):
 def test_a_chain_file_is_named_exactly_and_can_still_be_read(stage, home, work, tmp_path,
                                                               target):
     argv, env, path = protected_target(target, home, tmp_path)
-    turns = [reply("", call("terminal", {"command": f"cd {path.parent} && cp /tmp/x "
-                                                    f"{path.name}"}, "named"),
-                   call("terminal", {"command": f"echo x > {path}"}, "exact"),
+    turns = [reply("", call("terminal", {"command": f"echo x > {path}"}, "exact"),
                    call("terminal", {"command": f"cat {path}"}, "cat"),
                    call("read_file", {"path": str(path)}, "read")), reply("done")]
     _, server = agent_run(stage, turns, *argv, env=env)
     found = results(server)
-    for blocked in ("named", "exact"):
-        assert found[blocked]["error"].startswith(
-            f"BLOCKED (self-protection): this command may write {path}, a policy file")
+    assert found["exact"]["error"].startswith(
+        f"BLOCKED (self-protection): this command may write {path}, a policy file")
     assert found["cat"]["output"] == ORIGINAL
     assert "timeout: 30" in found["read"]["content"]
+    assert path.read_text() == ORIGINAL and marks(work) == []
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("target", ["--config", "managed"])
+def test_a_chain_file_named_after_a_cd_is_refused(stage, home, work, tmp_path, target):
+    argv, env, path = protected_target(target, home, tmp_path)
+    turns = [reply("", call("terminal", {"command": f"cd {path.parent} && cp /tmp/x "
+                                                    f"{path.name}"}, "named")), reply("done")]
+    _, server = agent_run(stage, turns, *argv, env=env)
+    assert results(server)["named"]["error"].startswith(
+        f"BLOCKED (self-protection): this command may write {path}, a policy file")
     assert path.read_text() == ORIGINAL and marks(work) == []
 
 
@@ -1292,6 +1323,14 @@ def test_chain_files_and_profile_policy_files(stage, home, tmp_path):
     team.write_text(ORIGINAL)
     stage.CONFIG = chain(stage, home, "--config", str(team))
     assert stage.chain_files() == [team]
+    assert stage.policy_file_written(f"echo x > {team}") == team
+
+
+@pytest.mark.hardening
+def test_chain_file_written_reads_names_and_links(stage, home, tmp_path):
+    team = tmp_path / "team.yaml"
+    team.write_text(ORIGINAL)
+    stage.CONFIG = chain(stage, home, "--config", str(team))
     assert stage.chain_file_written(f"cat {team}") is None
     assert stage.chain_file_written(f"echo x > {team}") == team
     assert stage.chain_file_written("vim team.yaml") == team
@@ -1305,13 +1344,25 @@ def test_chain_files_and_profile_policy_files(stage, home, tmp_path):
 
 # ── the demo ──────────────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("stage_name", ["s11_config_chain"])        # later stages: own demo
+@pytest.mark.parametrize("stage_name", ["s11_config_chain",             # later stages: own demo
+                                        "hardened/s11_config_chain"])
 def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
     stage = load_stage(stage_name)
     monkeypatch.setattr(stage, "DEFAULT_MANAGED_FILE", tmp_path / "etc" / "config.yaml")
     result = run_main(stage, "--demo")
     assert result.returncode == 0
     out = result.stdout
+    hardened = stage_name.startswith("hardened/")       # only it shows the mistakes (step 2)
+    mistakes = [
+        "2. Mistakes in config.yaml are named with their line; a bad value refuses the "
+        "start, never a silent default:",
+        "  approvals: timeout: soon",
+        "approvals.timeout: expected whole seconds, got 'soon'",
+        "  approvals.mode = 'off' (YAML itself would read off as false)",
+        "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?); ignored",
+        "  approvals.mode = 'manual'\n",
+    ] if hardened else []
+    step = 3 if hardened else 2
     expected = [
         "1. One key, four layers. Each step adds a layer that sets approvals.timeout; the "
         "strongest one wins:",
@@ -1327,24 +1378,18 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: config.yaml:approvals.timeout is ignored: approvals.timeout is locked",
         "  warning: HERMES_APPROVAL_TIMEOUT is ignored:",
         "  warning: --approval-timeout is ignored:",
-        "2. Mistakes in config.yaml are named with their line; a bad value refuses the "
-        "start, never a silent default:",
-        "  approvals: timeout: soon",
-        "approvals.timeout: expected whole seconds, got 'soon'",
-        "  approvals.mode = 'off' (YAML itself would read off as false)",
-        "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?); ignored",
-        "  approvals.mode = 'manual'\n",
-        "3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}",
+        *mistakes,
+        f"{step}. A deny rule beats YOLO. config.yaml: approvals: {{yolo: true, deny: ['rm -rf *']}}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
         "    stub rm: -r build",
-        "4. The agent cannot change its own configuration, with any tool:",
+        f"{step + 1}. The agent cannot change its own configuration, with any tool:",
         "s11> write ../state/config.yaml approvals: {mode: off}\n",
         "config.yaml is a policy file of this agent: only the user changes it.",
         "s11> $ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml\n",
         "    BLOCKED (self-protection): this command may write ",
-        "5. The model can be told what the settings are, never change them",
+        f"{step + 2}. The model can be told what the settings are, never change them",
         "s11> config\n",
         "  approvals.yolo = true   (config.yaml:approvals.yolo)",
         "  approvals.deny = rm -rf *   (config.yaml:approvals.deny)",
@@ -1355,5 +1400,8 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         assert found >= 0, f"missing after position {position}: {line!r}\n{out}"
         position = found + len(line)
     assert out.count("s11> ") == 5
-    assert "approvals.mode = 'manual'" not in out.split("approvals: mode: off")[1].split(
-        "aprovals")[0]
+    if hardened:
+        assert "approvals.mode = 'manual'" not in out.split("approvals: mode: off")[1].split(
+            "aprovals")[0]
+    else:
+        assert "Mistakes in config.yaml" not in out

@@ -769,10 +769,10 @@ MANAGED_ENV_VAR = "LEARN_HERMES_MANAGED"    # the administrator's file: it locks
 DEFAULT_MANAGED_FILE = Path("/etc/learn-hermes/config.yaml")   # read when it exists
 PROFILES_DIR_NAME = "profiles"          # --profile NAME: $LEARN_HERMES_HOME/profiles/NAME
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+SECRET_SHOWN = "(set, hidden)"
 MAX_CONFIG_BYTES = 256 * 1024           # a larger config file is refused, not read
 MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is refused
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
-SECRET_SHOWN = "(set, hidden)"
 
 
 class Setting(NamedTuple):
