@@ -27,7 +27,7 @@ Reading guide
     are under "[s11] Configuration commands"); the wiring at the end builds SETTINGS.
     Changed in earlier stages' sections: command_gate(), gate_checks(), Permissions,
     policy_files(), allowlist_keys(), policy_file_written(), protected_path_problem() in
-    [s09]; and 10 definitions of the plumbing (python course/build.py --changes s11 lists
+    [s09]; and 9 definitions of the plumbing (python course/build.py --changes s11 lists
     them all).
 Run
     python agents/s11_config_chain.py                  # REPL (offline model without a key)
@@ -232,7 +232,8 @@ def load_config(args, environ=os.environ) -> Config:
     config = Config(resolved, home, base, files, warnings)
     config.read_from = [
         f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
-        f"managed file: {tilde(managed_path) if managed_path else f'none ({MANAGED_ENV_VAR} unset)'}",
+        "managed file: " + (tilde(managed_path) if managed_path else
+                            f"none ({MANAGED_ENV_VAR} unset)"),
         f"home:         {tilde(home)}" + (f" (profile {args.profile})" if args.profile else "")]
     return config
 
@@ -323,7 +324,7 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
         return []
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
-                          f"(key: value lines), got {node_kind(root)}")
+                          f"(key: value lines)")
     entries: list[Entry] = []
     collect_entries(root, "", label, shown, environ, entries, warnings)
     return entries
@@ -361,25 +362,11 @@ def section_keys(key: str) -> list[str]:
 
 def node_value(node, where: str, key: str, environ):
     """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
-    if isinstance(node, yaml.ScalarNode) and node.tag != YAML_NULL:
-        return expand_variables(node.value, where, key, environ)
-    if isinstance(node, yaml.SequenceNode) and SETTINGS_BY_KEY[key].kind in ("list", "pair"):
-        for number, item in enumerate(node.value, start=1):
-            if not isinstance(item, yaml.ScalarNode) or item.tag == YAML_NULL:
-                raise ConfigError(f"{where}: {key}: item {number} of the list is "
-                                  f"{node_kind(item).replace('no value', 'empty')}: each "
-                                  f"item must be a plain value")
-        return [expand_variables(item.value, where, key, environ) for item in node.value]
-    raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}, got "
-                      f"{node_kind(node)}")
-
-
-def node_kind(node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a section"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return "no value" if node.tag == YAML_NULL else repr(node.value)
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
+        raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
+    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    return texts if isinstance(node, yaml.SequenceNode) else texts[0]
 
 
 def expand_variables(text: str, where: str, key: str, environ) -> str:
@@ -403,7 +390,8 @@ def convert(setting: Setting, raw):
     if setting.kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        return convert_list(setting, items) if setting.kind == "list" else convert_pair(setting, items)
+        convert_items = convert_list if setting.kind == "list" else convert_pair
+        return convert_items(setting, items)
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
     text = raw.strip()
@@ -1190,7 +1178,8 @@ def command_gate(command: str) -> str | None:
     here; s10's sub-agents later). None means the command may run; anything else is the
     refusal to give the model instead. The order: hardline → self-protection → the
     user's deny rules (s11) → YOLO or mode off → cached approvals → smart reviewer →
-    manual prompt (the last three are approve_command()). A check that fails with an error denies: fail closed."""
+    manual prompt (the last three are approve_command()). A check that fails with an
+    error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
@@ -1266,12 +1255,9 @@ class Permissions:
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
-                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
-                 yolo_locked: str | None = None):
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset()):
         self.mode = mode                    # one of APPROVAL_MODES
         self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
-        self.yolo_locked = yolo_locked      # s11: the managed file set approvals.yolo: /yolo
-                                            # may not change it (its origin), or None
         self.timeout = timeout              # seconds the prompt waits
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
         self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
@@ -5327,15 +5313,9 @@ def skills_part(prompt: str) -> str:
 
 
 def toggle_yolo(session: Session, argument: str) -> None:
-    """/yolo: YOLO on or off for the current session id only; never for a key that the
-    managed file locked (s11)."""
+    """/yolo: YOLO on or off for the current session id only."""
     context = approval_context()
     permissions = context.permissions
-    if permissions.yolo_locked:
-        console.print(Text(f"YOLO is locked by the managed configuration "
-                           f"({permissions.yolo_locked}); /yolo cannot change it",
-                           style="yellow"))
-        return
     if context.yolo_source() and session.session_id not in permissions.session_yolo:
         console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
                            f"cannot turn that off", style="yellow"))
@@ -5624,15 +5604,7 @@ def permissions_from_config(config: Config) -> Permissions:
     yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
     return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
                        config["write_root"], tuple(config["approvals.deny"]),
-                       frozenset(config["command_allowlist"]),
-                       managed_lock(config, "approvals.yolo"))
-
-
-def managed_lock(config: Config, key: str) -> str | None:
-    """Where the managed file set `key` (it is locked: no flag, variable or REPL command
-    may change it), or None."""
-    origin = config.origin(key)
-    return origin if origin.startswith("managed:") else None
+                       frozenset(config["command_allowlist"]))
 
 
 def delegation_settings_from_config(config: Config) -> DelegationSettings:

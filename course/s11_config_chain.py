@@ -237,7 +237,8 @@ def load_config(args, environ=os.environ) -> Config:
     config = Config(resolved, home, base, files, warnings)
     config.read_from = [
         f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
-        f"managed file: {tilde(managed_path) if managed_path else f'none ({MANAGED_ENV_VAR} unset)'}",
+        "managed file: " + (tilde(managed_path) if managed_path else
+                            f"none ({MANAGED_ENV_VAR} unset)"),
         f"home:         {tilde(home)}" + (f" (profile {args.profile})" if args.profile else "")]
     return config
 
@@ -370,7 +371,7 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
         return []
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
-                          f"(key: value lines), got {node_kind(root)}")
+                          f"(key: value lines)")
     entries: list[Entry] = []
     collect_entries(root, "", label, shown, environ, entries, warnings)
     return entries
@@ -476,6 +477,17 @@ def section_keys(key: str) -> list[str]:
     return [name for name in SETTINGS_BY_KEY if name.startswith(key + ".")]
 
 
+#: teaching
+def node_value(node, where: str, key: str, environ):
+    """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
+        raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
+    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    return texts if isinstance(node, yaml.SequenceNode) else texts[0]
+
+
+#: hardened
 def node_value(node, where: str, key: str, environ):
     """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
     if isinstance(node, yaml.ScalarNode) and node.tag != YAML_NULL:
@@ -491,6 +503,7 @@ def node_value(node, where: str, key: str, environ):
                       f"{node_kind(node)}")
 
 
+#: hardened
 def node_kind(node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a section"
@@ -520,7 +533,8 @@ def convert(setting: Setting, raw):
     if setting.kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        return convert_list(setting, items) if setting.kind == "list" else convert_pair(setting, items)
+        convert_items = convert_list if setting.kind == "list" else convert_pair
+        return convert_items(setting, items)
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
     text = raw.strip()
@@ -844,6 +858,17 @@ def start_with(config: Config) -> None:
         os.environ["LEARN_HERMES_HOME"] = str(config.home)  # commands see the same home
 
 
+#: teaching
+def permissions_from_config(config: Config) -> Permissions:
+    """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
+    read once by the chain, so a later change of os.environ cannot loosen it."""
+    yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
+    return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
+                       config["write_root"], tuple(config["approvals.deny"]),
+                       frozenset(config["command_allowlist"]))
+
+
+#: hardened
 def permissions_from_config(config: Config) -> Permissions:
     """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
     read once by the chain, so a later change of os.environ cannot loosen it."""
@@ -854,6 +879,7 @@ def permissions_from_config(config: Config) -> Permissions:
                        managed_lock(config, "approvals.yolo"))
 
 
+#: hardened
 def managed_lock(config: Config, key: str) -> str | None:
     """Where the managed file set `key` (it is locked: no flag, variable or REPL command
     may change it), or None."""
@@ -1046,6 +1072,7 @@ def protected_roots() -> list[str]:
     return [*files, f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home)]
 
 
+#: hardened
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only; never for a key that the
     managed file locked (s11)."""
@@ -1084,7 +1111,8 @@ def command_gate(command: str) -> str | None:
     here; s10's sub-agents later). None means the command may run; anything else is the
     refusal to give the model instead. The order: hardline → self-protection → the
     user's deny rules (s11) → YOLO or mode off → cached approvals → smart reviewer →
-    manual prompt (the last three are approve_command()). A check that fails with an error denies: fail closed."""
+    manual prompt (the last three are approve_command()). A check that fails with an
+    error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
@@ -1129,6 +1157,56 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
+#: teaching
+class Permissions:
+    """The approval policy of one running agent, fixed by main() at start-up (nothing
+    read later can loosen it), and what was approved in each session."""
+
+    def __init__(self, mode: str = "manual", yolo_source: str | None = None,
+                 timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset()):
+        self.mode = mode                    # one of APPROVAL_MODES
+        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.timeout = timeout              # seconds the prompt waits
+        self.write_root = write_root        # write_file/patch stay inside it (resolved)
+        self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
+        self.config_allowlist = config_allowlist    # s11: command_allowlist's finding keys
+        self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
+        self.session_approved: dict = {}    # session id -> finding keys answered "session"
+        self.warned: set = set()            # allowlist problems reported already
+        self.lock = threading.Lock()        # s10's children share this object
+        path = allowlist_path()             # allowlist.json as this run found it
+        self.allowlist_seen: dict = {str(path): allowlist_fingerprint(path)}
+
+    def approved_in(self, session_id) -> set:
+        """No session id, no session approvals: callers without one share nothing."""
+        with self.lock:
+            return set(self.session_approved.get(session_id, ())) if session_id else set()
+
+    def approve_in(self, session_id, keys) -> None:
+        if session_id:
+            with self.lock:
+                self.session_approved.setdefault(session_id, set()).update(keys)
+
+    def allowlist_unchanged(self, path: Path) -> bool:
+        """Is allowlist.json as the agent itself last read or saved it? Once it is not,
+        False for the rest of this run, with one warning: only a restart trusts it again."""
+        now = allowlist_fingerprint(path)
+        with self.lock:
+            seen = self.allowlist_seen.setdefault(str(path), now)
+            if seen == now:
+                return True
+            self.allowlist_seen[str(path)] = ALLOWLIST_CHANGED
+        if seen != ALLOWLIST_CHANGED:
+            show_approval_note(f"warning: {path.parent}/{ALLOWLIST_CHANGED}")
+        return False
+
+    def saved_allowlist(self, path: Path) -> None:
+        with self.lock:
+            self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
+
+
+#: hardened
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
     read later can loosen it), and what was approved in each session."""

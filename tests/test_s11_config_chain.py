@@ -306,6 +306,7 @@ def test_the_managed_file_locks_its_keys_with_one_warning_per_override(stage, ho
     assert config.files == [home / "config.yaml", managed]
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("locked", ["false", "true"])
 def test_yolo_in_the_repl_honours_the_managed_lock(stage, home, work, tmp_path, locked):
     """The managed file locks approvals.yolo: --yolo is ignored with a warning, and /yolo
@@ -515,8 +516,36 @@ FILE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("text,message", FILE_ERRORS, ids=range(len(FILE_ERRORS)))
+# A value or a file of the wrong shape: both editions refuse it with the file, the line,
+# the key and what was expected; the hardened edition's words also name what it got
+# ("got a section", "item 2 of the list is empty"), so those rows of FILE_ERRORS are its own.
+SHAPE_ERRORS = {
+    "model:\n": "1: model: expected text",
+    "model: ~\n": "1: model: expected text",
+    "model:\n  name: x\n": "1: model: expected text",
+    "approvals:\n  deny: [[rm]]\n": "2: approvals.deny: ",
+    "approvals:\n  deny: [a, ~]\n": "2: approvals.deny: ",
+    "guardrails:\n  no_progress: [1, {a: b}]\n": "2: guardrails.no_progress: ",
+    "model: [a, ~]\n": "1: model: expected text",
+    "approvals:\n  deny:\n    a: 3\n": "2: approvals.deny: expected a list",
+    "- model: a\n": "1: expected settings (key: value lines)",
+    "\nhello\n": "2: expected settings (key: value lines)",
+}
+FILE_ERROR_CASES = [pytest.param(*row, marks=pytest.mark.hardening)
+                    if isinstance(row, tuple) and row[0] in SHAPE_ERRORS else row
+                    for row in FILE_ERRORS]
+
+
+@pytest.mark.parametrize("text,message", FILE_ERROR_CASES, ids=range(len(FILE_ERRORS)))
 def test_a_bad_config_file_is_an_error_with_file_and_line(stage, home, text, message):
+    error = chain_error(stage, home, yaml=text)
+    assert error.startswith(f"{home / 'config.yaml'}:{message}"), error
+    assert "\n" not in error
+
+
+@pytest.mark.parametrize("text,message", SHAPE_ERRORS.items(), ids=range(len(SHAPE_ERRORS)))
+def test_a_value_of_the_wrong_shape_is_an_error_with_file_and_line(stage, home, text,
+                                                                    message):
     error = chain_error(stage, home, yaml=text)
     assert error.startswith(f"{home / 'config.yaml'}:{message}"), error
     assert "\n" not in error
