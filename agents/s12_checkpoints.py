@@ -6338,12 +6338,7 @@ def demo_deny(session: Session) -> None:
     path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
     config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
                                           "LEARN_HERMES_HOME": str(hermes_home())})
-    global CONFIG
-    saved, CONFIG = CONFIG, config          # the one the config verb describes, for now
-    try:
-        with_approvals(permissions_from_config(config), session, demo_deny_turns)
-    finally:
-        CONFIG = saved
+    with_approvals(permissions_from_config(config), session, demo_deny_turns)
 
 
 def demo_deny_turns(session: Session) -> None:
@@ -6353,9 +6348,6 @@ def demo_deny_turns(session: Session) -> None:
                        style="bold"))
     demo_turn(session, DEMO_INPUTS[2])
     demo_turn(session, DEMO_INPUTS[3])
-    console.print(Text("\n4. The model can be told what the settings are, never change "
-                       "them (/config shows every key):", style="bold"))
-    demo_turn(session, DEMO_INPUTS[4])
 
 
 def add_setting_flag(parser, setting: Setting) -> None:

@@ -1408,7 +1408,8 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: HERMES_APPROVAL_TIMEOUT is ignored:",
         "  warning: --approval-timeout is ignored:",
         *mistakes,
-        f"{step}. A deny rule beats YOLO. config.yaml: approvals: {{yolo: true, deny: ['rm -rf *']}}",
+        f"{step}. A deny rule beats YOLO. config.yaml: approvals: "
+        "{yolo: true, deny: ['rm -rf *']}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
@@ -1418,17 +1419,20 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "config.yaml is a policy file of this agent: only the user changes it.",
         "s11> $ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml\n",
         "    BLOCKED (self-protection): this command may write ",
+    ]
+    told = [                                            # the config verb: the hardened demo
         f"{step + 2}. The model can be told what the settings are, never change them",
         "s11> config\n",
         "  approvals.yolo = true   (config.yaml:approvals.yolo)",
         "  approvals.deny = rm -rf *   (config.yaml:approvals.deny)",
-    ]
+    ] if hardened else []
+    expected += told
     position = 0
     for line in expected:
         found = out.find(line, position)
         assert found >= 0, f"missing after position {position}: {line!r}\n{out}"
         position = found + len(line)
-    assert out.count("s11> ") == 5
+    assert out.count("s11> ") == (5 if hardened else 4)
     if hardened:
         assert "approvals.mode = 'manual'" not in out.split("approvals: mode: off")[1].split(
             "aprovals")[0]
