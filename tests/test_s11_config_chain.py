@@ -1423,6 +1423,7 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
     told = [                                            # the config verb: the hardened demo
         f"{step + 2}. The model can be told what the settings are, never change them",
         "s11> config\n",
+        "Who decides a setting? Strongest first: the managed file",
         "  approvals.yolo = true   (config.yaml:approvals.yolo)",
         "  approvals.deny = rm -rf *   (config.yaml:approvals.deny)",
     ] if hardened else []
