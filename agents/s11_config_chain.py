@@ -45,7 +45,6 @@ import codecs
 import contextvars
 import copy
 import datetime
-import difflib
 import email.utils
 import fnmatch
 import glob
@@ -333,7 +332,7 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
                     warnings: list) -> None:
     """Walk one mapping: a known key is an entry; a section is walked; anything else is
-    an unknown key, reported with the nearest known one."""
+    an unknown key: a warning, so an older or newer file still starts the agent."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
@@ -348,16 +347,8 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             entries.append(Entry(key, raw, f"{label}:{key}", where))
         elif isinstance(value_node, yaml.MappingNode):
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
-        elif keys := section_keys(key):     # approvals: off meant approvals.mode: off
-            raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
-                              f"under it ({', '.join(keys[:3])}, ...)")
         else:
-            warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
-
-
-def section_keys(key: str) -> list[str]:
-    """The settings in the section `key` ("approvals": approvals.mode, ...), or []."""
-    return [name for name in SETTINGS_BY_KEY if name.startswith(key + ".")]
+            warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
 
 
 def node_value(node, where: str, key: str, environ):
@@ -377,11 +368,6 @@ def expand_variables(text: str, where: str, key: str, environ) -> str:
             raise ConfigError(f"{where}: {key}: ${{{name}}} is not set")
         return environ[name]
     return VARIABLE.sub(value, text)
-
-
-def did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, SETTINGS_BY_KEY, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def convert(setting: Setting, raw):
