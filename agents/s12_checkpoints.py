@@ -41,7 +41,6 @@ import argparse
 import codecs
 import contextvars
 import copy
-import difflib
 import fnmatch
 import glob
 import hashlib
@@ -742,9 +741,6 @@ MANAGED_ENV_VAR = "LEARN_HERMES_MANAGED"    # the administrator's file: it locks
 DEFAULT_MANAGED_FILE = Path("/etc/learn-hermes/config.yaml")   # read when it exists
 PROFILES_DIR_NAME = "profiles"          # --profile NAME: $LEARN_HERMES_HOME/profiles/NAME
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-MAX_CONFIG_BYTES = 256 * 1024           # a larger config file is refused, not read
-MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is refused
-ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
 SECRET_SHOWN = "(set, hidden)"
 
 
@@ -897,7 +893,8 @@ def load_config(args, environ=os.environ) -> Config:
     config = Config(resolved, home, base, files, warnings)
     config.read_from = [
         f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
-        f"managed file: {tilde(managed_path) if managed_path else f'none ({MANAGED_ENV_VAR} unset)'}",
+        "managed file: " + (tilde(managed_path) if managed_path else
+                            f"none ({MANAGED_ENV_VAR} unset)"),
         f"home:         {tilde(home)}" + (f" (profile {args.profile})" if args.profile else "")]
     return config
 
@@ -914,25 +911,14 @@ def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict,
             except ConfigError as exc:
                 errors.append(f"{entry.where}: {entry.key}: {exc}")
                 continue
-            if entry in managed and entry.key in ADDITIVE_KEYS:
-                value, origin = additive(resolved[entry.key], value, entry.origin)
-                resolved[entry.key] = Resolved(value, origin)
-            else:
-                resolved[entry.key] = Resolved(value, entry.origin)
+            resolved[entry.key] = Resolved(value, entry.origin)
     warnings.extend(lock_warnings(layers, managed))
     return resolved, errors
 
 
-def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[list, str]:
-    """The managed deny rules and the user's both hold: a user may deny more, never less."""
-    if user.origin == "default":
-        return managed_value, managed_origin
-    return list(dict.fromkeys([*managed_value, *user.value])), f"{managed_origin} + {user.origin}"
-
-
 def lock_warnings(layers: list, managed: list) -> list[str]:
     """One warning for each value that a managed key overrides."""
-    locked = {entry.key: entry.where for entry in managed if entry.key not in ADDITIVE_KEYS}
+    locked = {entry.key: entry.where for entry in managed}
     return [f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
             f"configuration ({locked[entry.key]})"
             for entries in layers for entry in entries if entry.key in locked]
@@ -983,13 +969,11 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     """The entries of one YAML file. A missing file is empty unless it was named; a file
     that cannot be read, or is not YAML, stops the start with its name and line."""
     shown = tilde(path)
+    if not path.exists():
+        if required:
+            raise ConfigError(f"{shown}: no such file")
+        return []
     try:
-        if not path.exists():
-            if required:
-                raise ConfigError(f"{shown}: no such file")
-            return []
-        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{shown}: not a regular file of at most {MAX_CONFIG_BYTES:,} bytes")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
@@ -1006,71 +990,41 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
         return []
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
-                          f"(key: value lines), got {node_kind(root)}")
+                          f"(key: value lines)")
     entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings, 1)
+    collect_entries(root, "", label, shown, environ, entries, warnings)
     return entries
 
 
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list, depth: int) -> None:
+                    warnings: list) -> None:
     """Walk one mapping: a known key is an entry; a section is walked; anything else is
-    an unknown key, reported with the nearest known one."""
-    if depth > MAX_CONFIG_DEPTH:
-        raise ConfigError(f"{shown}:{node.start_mark.line + 1}: sections nested more than "
-                          f"{MAX_CONFIG_DEPTH} deep")
-    seen = {}
+    an unknown key: a warning, so an older or newer file still starts the agent."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{where}: a key must be a plain name")
         key = prefix + key_node.value
-        if key in seen:         # PyYAML would keep the last one without a word
-            raise ConfigError(f"{where}: {key} is given twice (first on line {seen[key]})")
-        seen[key] = key_node.start_mark.line + 1
+        earlier = next((entry.where for entry in entries if entry.key == key), None)
+        if earlier is not None:         # PyYAML would keep the last one without a word
+            raise ConfigError(f"{where}: {key} is given twice (first on line "
+                              f"{earlier.rpartition(':')[2]})")
         if key in SETTINGS_BY_KEY:
-            earlier = next((entry.where for entry in entries if entry.key == key), None)
-            if earlier is not None:     # approvals.mode: beside approvals: → mode:
-                raise ConfigError(f"{where}: {key} is given twice (first on line "
-                                  f"{earlier.rpartition(':')[2]})")
             raw = node_value(value_node, where, key, environ)
             entries.append(Entry(key, raw, f"{label}:{key}", where))
         elif isinstance(value_node, yaml.MappingNode):
-            collect_entries(value_node, key + ".", label, shown, environ, entries, warnings,
-                            depth + 1)
-        elif keys := section_keys(key):     # approvals: off meant approvals.mode: off
-            raise ConfigError(f"{where}: {key} is a section, not a setting: put its keys "
-                              f"under it ({', '.join(keys[:3])}, ...)")
+            collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         else:
-            warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
-
-
-def section_keys(key: str) -> list[str]:
-    """The settings in the section `key` ("approvals": approvals.mode, ...), or []."""
-    return [name for name in SETTINGS_BY_KEY if name.startswith(key + ".")]
+            warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
 
 
 def node_value(node, where: str, key: str, environ):
     """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
-    if isinstance(node, yaml.ScalarNode) and node.tag != YAML_NULL:
-        return expand_variables(node.value, where, key, environ)
-    if isinstance(node, yaml.SequenceNode) and SETTINGS_BY_KEY[key].kind in ("list", "pair"):
-        for number, item in enumerate(node.value, start=1):
-            if not isinstance(item, yaml.ScalarNode) or item.tag == YAML_NULL:
-                raise ConfigError(f"{where}: {key}: item {number} of the list is "
-                                  f"{node_kind(item).replace('no value', 'empty')}: each "
-                                  f"item must be a plain value")
-        return [expand_variables(item.value, where, key, environ) for item in node.value]
-    raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}, got "
-                      f"{node_kind(node)}")
-
-
-def node_kind(node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a section"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return "no value" if node.tag == YAML_NULL else repr(node.value)
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
+        raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
+    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    return texts if isinstance(node, yaml.SequenceNode) else texts[0]
 
 
 def expand_variables(text: str, where: str, key: str, environ) -> str:
@@ -1083,18 +1037,14 @@ def expand_variables(text: str, where: str, key: str, environ) -> str:
     return VARIABLE.sub(value, text)
 
 
-def did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, SETTINGS_BY_KEY, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def convert(setting: Setting, raw):
     """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
     what was expected. Every layer's values go through here, whatever their source."""
     if setting.kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        return convert_list(setting, items) if setting.kind == "list" else convert_pair(setting, items)
+        convert_items = convert_list if setting.kind == "list" else convert_pair
+        return convert_items(setting, items)
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
     text = raw.strip()
@@ -1195,21 +1145,6 @@ def chain_files() -> list[Path]:
     """The config files that this run read (config.yaml, --config, the managed file),
     also a --config file in the state folder: protected by their exact path and name."""
     return list(CONFIG.files) if CONFIG else []
-
-
-def chain_file_written(command: str) -> Path | None:
-    """A chain file that `command` may write: a write target that leads to it, or its
-    name in a command that does more than read (not the common name config.yaml)."""
-    files = [Path(os.path.realpath(file)) for file in chain_files()]
-    for target in write_targets(command):
-        expanded = expand_known_variables(target)
-        if expanded and Path(os.path.realpath(os.path.join(os.getcwd(), expanded))) in files:
-            return Path(os.path.realpath(os.path.join(os.getcwd(), expanded)))
-    if only_reads(command):
-        return None
-    text = QUOTING.sub("", normalize_command(command))
-    return next((file for file in files if file.name != CONFIG_FILE_NAME and file.name in text),
-                None)
 
 
 def profile_policy_file(real: Path) -> bool:
@@ -1896,7 +1831,8 @@ def command_gate(command: str) -> str | None:
     here; s10's sub-agents later). None means the command may run; anything else is the
     refusal to give the model instead. The order: hardline → self-protection → the
     user's deny rules (s11) → YOLO or mode off → cached approvals → smart reviewer →
-    manual prompt (the last three are approve_command()). A check that fails with an error denies: fail closed."""
+    manual prompt (the last three are approve_command()). A check that fails with an
+    error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
@@ -1972,12 +1908,9 @@ class Permissions:
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
-                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
-                 yolo_locked: str | None = None):
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset()):
         self.mode = mode                    # one of APPROVAL_MODES
         self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
-        self.yolo_locked = yolo_locked      # s11: the managed file set approvals.yolo: /yolo
-                                            # may not change it (its origin), or None
         self.timeout = timeout              # seconds the prompt waits
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
         self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
@@ -2346,19 +2279,20 @@ def write_private_json(path: Path, data) -> None:
 def policy_file_written(command: str) -> Path | None:
     """The policy file `command` may write, or None: a path write_targets() finds that
     is one (or the folder holding it), or the name of one (allowlist.json; not the common
-    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a file
-    of the configuration chain."""
+    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a
+    write target that is a file of the configuration chain (chain_files())."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
+    chain = [Path(os.path.realpath(path)) for path in chain_files()]
     for target in write_targets(command):
         expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
         real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
-        if profile_policy_file(real):               # any profile's, also one not made yet
+        if profile_policy_file(real) or real in chain:  # any profile's, also one not made yet
             return real
         if hit := next((p for p in policies if real in (p, p.parent)), None):
             return hit
     named = next((p for p in policies if p.name in normalize_command(command)
                   and p.name != CONFIG_FILE_NAME), None)
-    return (None if only_reads(command) else named) or chain_file_written(command)
+    return None if only_reads(command) else named
 
 
 # Commands that only read or print, whatever their arguments: such a command may name
@@ -5693,15 +5627,9 @@ def skills_part(prompt: str) -> str:
 
 
 def toggle_yolo(session: Session, argument: str) -> None:
-    """/yolo: YOLO on or off for the current session id only; never for a key that the
-    managed file locked (s11)."""
+    """/yolo: YOLO on or off for the current session id only."""
     context = approval_context()
     permissions = context.permissions
-    if permissions.yolo_locked:
-        console.print(Text(f"YOLO is locked by the managed configuration "
-                           f"({permissions.yolo_locked}); /yolo cannot change it",
-                           style="yellow"))
-        return
     if context.yolo_source() and session.session_id not in permissions.session_yolo:
         console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
                            f"cannot turn that off", style="yellow"))
@@ -5990,15 +5918,7 @@ def permissions_from_config(config: Config) -> Permissions:
     yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
     return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
                        config["write_root"], tuple(config["approvals.deny"]),
-                       frozenset(config["command_allowlist"]),
-                       managed_lock(config, "approvals.yolo"))
-
-
-def managed_lock(config: Config, key: str) -> str | None:
-    """Where the managed file set `key` (it is locked: no flag, variable or REPL command
-    may change it), or None."""
-    origin = config.origin(key)
-    return origin if origin.startswith("managed:") else None
+                       frozenset(config["command_allowlist"]))
 
 
 def delegation_settings_from_config(config: Config) -> DelegationSettings:
@@ -6040,52 +5960,23 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  {warning}", style="yellow"))
 
 
-def demo_mistakes(session: Session) -> None:
-    console.print(Text(f"\n2. Mistakes in {CONFIG_FILE_NAME} are named with their line; a "
-                       f"bad value refuses the start, never a silent default:", style="bold"))
-    path = hermes_home() / CONFIG_FILE_NAME
-    for text in ("approvals:\n  timeout: soon\n", "approvals:\n  mode: off\n",
-                 "aprovals:\n  mode: manual\n"):
-        path.write_text(text, encoding="utf-8")
-        console.print(Text("  " + " ".join(text.split()), style="dim"))
-        try:
-            config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
-                                                  "LEARN_HERMES_HOME": str(hermes_home())})
-        except ConfigError as exc:
-            console.print(Text(f"  error: {exc}", style="red"))
-            continue
-        for warning in config.warnings:
-            console.print(Text(f"  {warning}", style="yellow"))
-        note = " (YAML itself would read off as false)" if "off" in text else ""
-        console.print(Text(f"  approvals.mode = {config['approvals.mode']!r}{note}"))
-    path.unlink()
-
-
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
+    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
                        "deny: ['rm -rf *']}", style="bold"))
     path = hermes_home() / CONFIG_FILE_NAME
     path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
     config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
                                           "LEARN_HERMES_HOME": str(hermes_home())})
-    global CONFIG
-    saved, CONFIG = CONFIG, config          # the one the config verb describes, for now
-    try:
-        with_approvals(permissions_from_config(config), session, demo_deny_turns)
-    finally:
-        CONFIG = saved
+    with_approvals(permissions_from_config(config), session, demo_deny_turns)
 
 
 def demo_deny_turns(session: Session) -> None:
     demo_turn(session, DEMO_INPUTS[0])
     demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n4. The agent cannot change its own configuration, with any tool:",
+    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
                        style="bold"))
     demo_turn(session, DEMO_INPUTS[2])
     demo_turn(session, DEMO_INPUTS[3])
-    console.print(Text("\n5. The model can be told what the settings are, never change "
-                       "them (/config shows every key):", style="bold"))
-    demo_turn(session, DEMO_INPUTS[4])
 
 
 def add_setting_flag(parser, setting: Setting) -> None:

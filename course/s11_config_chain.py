@@ -89,10 +89,11 @@ MANAGED_ENV_VAR = "LEARN_HERMES_MANAGED"    # the administrator's file: it locks
 DEFAULT_MANAGED_FILE = Path("/etc/learn-hermes/config.yaml")   # read when it exists
 PROFILES_DIR_NAME = "profiles"          # --profile NAME: $LEARN_HERMES_HOME/profiles/NAME
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+SECRET_SHOWN = "(set, hidden)"
+#: hardened
 MAX_CONFIG_BYTES = 256 * 1024           # a larger config file is refused, not read
 MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is refused
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
-SECRET_SHOWN = "(set, hidden)"
 
 
 class Setting(NamedTuple):
@@ -236,11 +237,31 @@ def load_config(args, environ=os.environ) -> Config:
     config = Config(resolved, home, base, files, warnings)
     config.read_from = [
         f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
-        f"managed file: {tilde(managed_path) if managed_path else f'none ({MANAGED_ENV_VAR} unset)'}",
+        "managed file: " + (tilde(managed_path) if managed_path else
+                            f"none ({MANAGED_ENV_VAR} unset)"),
         f"home:         {tilde(home)}" + (f" (profile {args.profile})" if args.profile else "")]
     return config
 
 
+#: teaching
+def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict, list]:
+    """Each key's value from the last layer (weakest first) that sets it, then the
+    managed layer on top of all: a key it sets is locked. Every bad value is an error."""
+    resolved = {s.key: Resolved(s.default, "default") for s in SETTINGS}
+    errors = []
+    for entries in [*layers, managed]:
+        for entry in entries:
+            try:
+                value = convert(SETTINGS_BY_KEY[entry.key], entry.raw)
+            except ConfigError as exc:
+                errors.append(f"{entry.where}: {entry.key}: {exc}")
+                continue
+            resolved[entry.key] = Resolved(value, entry.origin)
+    warnings.extend(lock_warnings(layers, managed))
+    return resolved, errors
+
+
+#: hardened
 def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict, list]:
     """Each key's value from the last layer (weakest first) that sets it, then the
     managed layer on top of all: a key it sets is locked. Every bad value is an error."""
@@ -262,6 +283,7 @@ def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict,
     return resolved, errors
 
 
+#: hardened
 def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[list, str]:
     """The managed deny rules and the user's both hold: a user may deny more, never less."""
     if user.origin == "default":
@@ -269,6 +291,16 @@ def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[
     return list(dict.fromkeys([*managed_value, *user.value])), f"{managed_origin} + {user.origin}"
 
 
+#: teaching
+def lock_warnings(layers: list, managed: list) -> list[str]:
+    """One warning for each value that a managed key overrides."""
+    locked = {entry.key: entry.where for entry in managed}
+    return [f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
+            f"configuration ({locked[entry.key]})"
+            for entries in layers for entry in entries if entry.key in locked]
+
+
+#: hardened
 def lock_warnings(layers: list, managed: list) -> list[str]:
     """One warning for each value that a managed key overrides."""
     locked = {entry.key: entry.where for entry in managed if entry.key not in ADDITIVE_KEYS}
@@ -312,6 +344,63 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 
+#: teaching
+def read_config_file(path: Path, label: str, environ, warnings: list,
+                     required: bool) -> list[Entry]:
+    """The entries of one YAML file. A missing file is empty unless it was named; a file
+    that cannot be read, or is not YAML, stops the start with its name and line."""
+    shown = tilde(path)
+    if not path.exists():
+        if required:
+            raise ConfigError(f"{shown}: no such file")
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
+    try:
+        # compose(), not load(): the nodes keep their line numbers and the text as written,
+        # so `mode: off` stays "off" (load() would make it False).
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{shown}{line}: not valid YAML "
+                          f"({getattr(exc, 'problem', None) or first_line(exc)})") from None
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == YAML_NULL):
+        return []
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
+                          f"(key: value lines)")
+    entries: list[Entry] = []
+    collect_entries(root, "", label, shown, environ, entries, warnings)
+    return entries
+
+
+#: teaching
+def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
+                    warnings: list) -> None:
+    """Walk one mapping: a known key is an entry; a section is walked; anything else is
+    an unknown key: a warning, so an older or newer file still starts the agent."""
+    for key_node, value_node in node.value:
+        where = f"{shown}:{key_node.start_mark.line + 1}"
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(f"{where}: a key must be a plain name")
+        key = prefix + key_node.value
+        earlier = next((entry.where for entry in entries if entry.key == key), None)
+        if earlier is not None:         # PyYAML would keep the last one without a word
+            raise ConfigError(f"{where}: {key} is given twice (first on line "
+                              f"{earlier.rpartition(':')[2]})")
+        if key in SETTINGS_BY_KEY:
+            raw = node_value(value_node, where, key, environ)
+            entries.append(Entry(key, raw, f"{label}:{key}", where))
+        elif isinstance(value_node, yaml.MappingNode):
+            collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
+        else:
+            warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
+
+
+#: hardened
 def read_config_file(path: Path, label: str, environ, warnings: list,
                      required: bool) -> list[Entry]:
     """The entries of one YAML file. A missing file is empty unless it was named; a file
@@ -346,6 +435,7 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     return entries
 
 
+#: hardened
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
                     warnings: list, depth: int) -> None:
     """Walk one mapping: a known key is an entry; a section is walked; anything else is
@@ -379,11 +469,23 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             warnings.append(f"warning: {where}: unknown key {key!r}{did_you_mean(key)}; ignored")
 
 
+#: hardened
 def section_keys(key: str) -> list[str]:
     """The settings in the section `key` ("approvals": approvals.mode, ...), or []."""
     return [name for name in SETTINGS_BY_KEY if name.startswith(key + ".")]
 
 
+#: teaching
+def node_value(node, where: str, key: str, environ):
+    """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
+        raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
+    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    return texts if isinstance(node, yaml.SequenceNode) else texts[0]
+
+
+#: hardened
 def node_value(node, where: str, key: str, environ):
     """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
     if isinstance(node, yaml.ScalarNode) and node.tag != YAML_NULL:
@@ -399,6 +501,7 @@ def node_value(node, where: str, key: str, environ):
                       f"{node_kind(node)}")
 
 
+#: hardened
 def node_kind(node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a section"
@@ -417,6 +520,7 @@ def expand_variables(text: str, where: str, key: str, environ) -> str:
     return VARIABLE.sub(value, text)
 
 
+#: hardened
 def did_you_mean(key: str) -> str:
     close = difflib.get_close_matches(key, SETTINGS_BY_KEY, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -428,7 +532,8 @@ def convert(setting: Setting, raw):
     if setting.kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        return convert_list(setting, items) if setting.kind == "list" else convert_pair(setting, items)
+        convert_items = convert_list if setting.kind == "list" else convert_pair
+        return convert_items(setting, items)
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
     text = raw.strip()
@@ -645,6 +750,7 @@ def chain_files() -> list[Path]:
     return list(CONFIG.files) if CONFIG else []
 
 
+#: hardened
 def chain_file_written(command: str) -> Path | None:
     """A chain file that `command` may write: a write target that leads to it, or its
     name in a command that does more than read (not the common name config.yaml)."""
@@ -751,6 +857,17 @@ def start_with(config: Config) -> None:
         os.environ["LEARN_HERMES_HOME"] = str(config.home)  # commands see the same home
 
 
+#: teaching
+def permissions_from_config(config: Config) -> Permissions:
+    """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
+    read once by the chain, so a later change of os.environ cannot loosen it."""
+    yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
+    return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
+                       config["write_root"], tuple(config["approvals.deny"]),
+                       frozenset(config["command_allowlist"]))
+
+
+#: hardened
 def permissions_from_config(config: Config) -> Permissions:
     """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
     read once by the chain, so a later change of os.environ cannot loosen it."""
@@ -761,6 +878,7 @@ def permissions_from_config(config: Config) -> Permissions:
                        managed_lock(config, "approvals.yolo"))
 
 
+#: hardened
 def managed_lock(config: Config, key: str) -> str | None:
     """Where the managed file set `key` (it is locked: no flag, variable or REPL command
     may change it), or None."""
@@ -807,6 +925,7 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  {warning}", style="yellow"))
 
 
+#: hardened
 def demo_mistakes(session: Session) -> None:
     console.print(Text(f"\n2. Mistakes in {CONFIG_FILE_NAME} are named with their line; a "
                        f"bad value refuses the start, never a silent default:", style="bold"))
@@ -828,6 +947,28 @@ def demo_mistakes(session: Session) -> None:
     path.unlink()
 
 
+#: teaching
+def demo_deny(session: Session) -> None:
+    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
+                       "deny: ['rm -rf *']}", style="bold"))
+    path = hermes_home() / CONFIG_FILE_NAME
+    path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
+    config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
+                                          "LEARN_HERMES_HOME": str(hermes_home())})
+    with_approvals(permissions_from_config(config), session, demo_deny_turns)
+
+
+#: teaching
+def demo_deny_turns(session: Session) -> None:
+    demo_turn(session, DEMO_INPUTS[0])
+    demo_turn(session, DEMO_INPUTS[1])
+    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
+                       style="bold"))
+    demo_turn(session, DEMO_INPUTS[2])
+    demo_turn(session, DEMO_INPUTS[3])
+
+
+#: hardened
 def demo_deny(session: Session) -> None:
     console.print(Text("\n3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
                        "deny: ['rm -rf *']}", style="bold"))
@@ -843,6 +984,7 @@ def demo_deny(session: Session) -> None:
         CONFIG = saved
 
 
+#: hardened
 def demo_deny_turns(session: Session) -> None:
     demo_turn(session, DEMO_INPUTS[0])
     demo_turn(session, DEMO_INPUTS[1])
@@ -921,6 +1063,7 @@ def protected_roots() -> list[str]:
     return [*files, f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home)]
 
 
+#: hardened
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only; never for a key that the
     managed file locked (s11)."""
@@ -959,7 +1102,8 @@ def command_gate(command: str) -> str | None:
     here; s10's sub-agents later). None means the command may run; anything else is the
     refusal to give the model instead. The order: hardline → self-protection → the
     user's deny rules (s11) → YOLO or mode off → cached approvals → smart reviewer →
-    manual prompt (the last three are approve_command()). A check that fails with an error denies: fail closed."""
+    manual prompt (the last three are approve_command()). A check that fails with an
+    error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
@@ -1004,6 +1148,56 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
+#: teaching
+class Permissions:
+    """The approval policy of one running agent, fixed by main() at start-up (nothing
+    read later can loosen it), and what was approved in each session."""
+
+    def __init__(self, mode: str = "manual", yolo_source: str | None = None,
+                 timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset()):
+        self.mode = mode                    # one of APPROVAL_MODES
+        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.timeout = timeout              # seconds the prompt waits
+        self.write_root = write_root        # write_file/patch stay inside it (resolved)
+        self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
+        self.config_allowlist = config_allowlist    # s11: command_allowlist's finding keys
+        self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
+        self.session_approved: dict = {}    # session id -> finding keys answered "session"
+        self.warned: set = set()            # allowlist problems reported already
+        self.lock = threading.Lock()        # s10's children share this object
+        path = allowlist_path()             # allowlist.json as this run found it
+        self.allowlist_seen: dict = {str(path): allowlist_fingerprint(path)}
+
+    def approved_in(self, session_id) -> set:
+        """No session id, no session approvals: callers without one share nothing."""
+        with self.lock:
+            return set(self.session_approved.get(session_id, ())) if session_id else set()
+
+    def approve_in(self, session_id, keys) -> None:
+        if session_id:
+            with self.lock:
+                self.session_approved.setdefault(session_id, set()).update(keys)
+
+    def allowlist_unchanged(self, path: Path) -> bool:
+        """Is allowlist.json as the agent itself last read or saved it? Once it is not,
+        False for the rest of this run, with one warning: only a restart trusts it again."""
+        now = allowlist_fingerprint(path)
+        with self.lock:
+            seen = self.allowlist_seen.setdefault(str(path), now)
+            if seen == now:
+                return True
+            self.allowlist_seen[str(path)] = ALLOWLIST_CHANGED
+        if seen != ALLOWLIST_CHANGED:
+            show_approval_note(f"warning: {path.parent}/{ALLOWLIST_CHANGED}")
+        return False
+
+    def saved_allowlist(self, path: Path) -> None:
+        with self.lock:
+            self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
+
+
+#: hardened
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
     read later can loosen it), and what was approved in each session."""
@@ -1085,19 +1279,20 @@ def allowlist_keys(permissions: Permissions) -> set:
 def policy_file_written(command: str) -> Path | None:
     """The policy file `command` may write, or None: a path write_targets() finds that
     is one (or the folder holding it), or the name of one (allowlist.json; not the common
-    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a file
-    of the configuration chain."""
+    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a
+    write target that is a file of the configuration chain (chain_files())."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
+    chain = [Path(os.path.realpath(path)) for path in chain_files()]
     for target in write_targets(command):
         expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
         real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
-        if profile_policy_file(real):               # any profile's, also one not made yet
+        if profile_policy_file(real) or real in chain:  # any profile's, also one not made yet
             return real
         if hit := next((p for p in policies if real in (p, p.parent)), None):
             return hit
     named = next((p for p in policies if p.name in normalize_command(command)
                   and p.name != CONFIG_FILE_NAME), None)
-    return (None if only_reads(command) else named) or chain_file_written(command)
+    return None if only_reads(command) else named
 
 
 #: hardened
@@ -1202,11 +1397,40 @@ The offline model understands:
   config                 the model says which settings this run has and who set them"""
 
 
+#: teaching
+DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
+               "write ../state/config.yaml approvals: {mode: off}",
+               "$ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml"]
+#: hardened
 DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
                "write ../state/config.yaml approvals: {mode: off}",
                "$ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml", "config"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
+    saved_folder = current_directory()
+    with tempfile.TemporaryDirectory(prefix="s11-demo-") as folder:
+        try:
+            enter_demo_folder(Path(folder))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
+            demo_chain(session)
+            demo_deny(session)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if saved_folder is not None:
+                os.chdir(saved_folder)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}

@@ -15,14 +15,15 @@ file they name is inside tmp_path.
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import (clean_env, load_stage, marks, pairing_problems, repl_output, run_main,
-                     stages_from, stubbed_work_folder)
+from helpers import (clean_env, edition_of, load_stage, marks, pairing_problems, repl_output,
+                     run_main, stages_from, stubbed_work_folder)
 
 STAGES = stages_from("s11")
 STUBBED = ("rm", "sed", "cp", "tee", "make", "mv", "chmod")
@@ -77,6 +78,14 @@ def chain(stage, home, *argv, yaml=None, managed=None, **env):
     if key not in _parsed:                  # argparse with 25 options is the slow part
         _parsed[key] = stage.parse_args(list(argv))
     return stage.load_config(_parsed[key], environ)
+
+
+def as_the_edition_words_it(stage, warning: str) -> str:
+    """A warning about an unknown key: the hardened edition also names the nearest known
+    key, "(did you mean 'approvals.mode'?)"; the teaching edition does not."""
+    if edition_of(stage.__stage__) == "hardened":
+        return warning
+    return re.sub(r" \(did you mean '[^']+'\?\)", "", warning)
 
 
 def chain_error(stage, home, *argv, **kwargs) -> str:
@@ -306,6 +315,7 @@ def test_the_managed_file_locks_its_keys_with_one_warning_per_override(stage, ho
     assert config.files == [home / "config.yaml", managed]
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("locked", ["false", "true"])
 def test_yolo_in_the_repl_honours_the_managed_lock(stage, home, work, tmp_path, locked):
     """The managed file locks approvals.yolo: --yolo is ignored with a warning, and /yolo
@@ -349,6 +359,16 @@ def test_the_lock_is_shown_by_main_once(stage, home, tmp_path):
     assert ("approvals.mode", "manual", "managed:approvals.mode") in table(result.stdout)
 
 
+def test_the_managed_deny_rules_cannot_be_removed(stage, home):
+    managed = "approvals:\n  deny: ['rm -rf *', 'curl *']\n"
+    emptied = chain(stage, home, yaml="approvals:\n  deny: []\n", managed=managed)
+    assert emptied["approvals.deny"] == ["rm -rf *", "curl *"]
+    alone = chain(stage, home, yaml="# nothing\n", managed=managed)
+    assert changed(alone) == {"approvals.deny": (["rm -rf *", "curl *"],
+                                                 "managed:approvals.deny")}
+
+
+@pytest.mark.hardening
 def test_deny_rules_add_up_the_managed_ones_cannot_be_removed(stage, home):
     managed = "approvals:\n  deny: ['rm -rf *', 'curl *']\n"
     both = chain(stage, home, yaml="approvals:\n  deny: ['git push*', 'curl *']\n",
@@ -482,19 +502,21 @@ FILE_ERRORS = [
     ("guardrails:\n  no_progress: [1, {a: b}]\n", "2: guardrails.no_progress: item 2 of the "
      "list is a section: each item must be a plain value"),
     ("model: [a, ~]\n", "1: model: expected text, got a list"),
-    ("approvals: off\n", "1: approvals is a section, not a setting: put its keys under it "
-     "(approvals.mode, approvals.timeout, approvals.yolo, ...)"),
+    pytest.param("approvals: off\n", "1: approvals is a section, not a setting: put its keys "
+                 "under it (approvals.mode, approvals.timeout, approvals.yolo, ...)",
+                 marks=pytest.mark.hardening),          # teaching: an unknown key, ignored
     ("approvals:\n  deny:\n    a: 3\n", "2: approvals.deny: expected a list, got a section"),
     ("model: ${NOT_SET_ANYWHERE}\n", "1: model: ${NOT_SET_ANYWHERE} is not set"),
     ("approvals:\n  deny: ['rm ${NOT_SET_ANYWHERE}']\n",
      "2: approvals.deny: ${NOT_SET_ANYWHERE} is not set"),
     ("# settings\nmodel: a\nmodel: b\n", "3: model is given twice (first on line 2)"),
-    ("approvals:\n  mode: off\napprovals:\n  yolo: true\n",
-     "3: approvals is given twice (first on line 1)"),
+    pytest.param("approvals:\n  mode: off\napprovals:\n  yolo: true\n",   # teaching: merged
+                 "3: approvals is given twice (first on line 1)", marks=pytest.mark.hardening),
     ("? [a, b]\n: 1\n", "1: a key must be a plain name"),
     ("- model: a\n", "1: expected settings (key: value lines), got a list"),
     ("\nhello\n", "2: expected settings (key: value lines), got 'hello'"),
-    ("a: {b: {c: {d: {e: 1}}}}\n", "1: sections nested more than 4 deep"),
+    pytest.param("a: {b: {c: {d: {e: 1}}}}\n", "1: sections nested more than 4 deep",
+                 marks=pytest.mark.hardening),
     ("model: x\napprovals:\n  mode: [manual\n", "4: not valid YAML (expected ',' or ']', "
      "but got '<stream end>')"),
     ("model: a\n  bad indent: b\n", "2: not valid YAML (mapping values are not allowed here)"),
@@ -504,8 +526,36 @@ FILE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("text,message", FILE_ERRORS, ids=range(len(FILE_ERRORS)))
+# A value or a file of the wrong shape: both editions refuse it with the file, the line,
+# the key and what was expected; the hardened edition's words also name what it got
+# ("got a section", "item 2 of the list is empty"), so those rows of FILE_ERRORS are its own.
+SHAPE_ERRORS = {
+    "model:\n": "1: model: expected text",
+    "model: ~\n": "1: model: expected text",
+    "model:\n  name: x\n": "1: model: expected text",
+    "approvals:\n  deny: [[rm]]\n": "2: approvals.deny: ",
+    "approvals:\n  deny: [a, ~]\n": "2: approvals.deny: ",
+    "guardrails:\n  no_progress: [1, {a: b}]\n": "2: guardrails.no_progress: ",
+    "model: [a, ~]\n": "1: model: expected text",
+    "approvals:\n  deny:\n    a: 3\n": "2: approvals.deny: expected a list",
+    "- model: a\n": "1: expected settings (key: value lines)",
+    "\nhello\n": "2: expected settings (key: value lines)",
+}
+FILE_ERROR_CASES = [pytest.param(*row, marks=pytest.mark.hardening)
+                    if isinstance(row, tuple) and row[0] in SHAPE_ERRORS else row
+                    for row in FILE_ERRORS]
+
+
+@pytest.mark.parametrize("text,message", FILE_ERROR_CASES, ids=range(len(FILE_ERRORS)))
 def test_a_bad_config_file_is_an_error_with_file_and_line(stage, home, text, message):
+    error = chain_error(stage, home, yaml=text)
+    assert error.startswith(f"{home / 'config.yaml'}:{message}"), error
+    assert "\n" not in error
+
+
+@pytest.mark.parametrize("text,message", SHAPE_ERRORS.items(), ids=range(len(SHAPE_ERRORS)))
+def test_a_value_of_the_wrong_shape_is_an_error_with_file_and_line(stage, home, text,
+                                                                    message):
     error = chain_error(stage, home, yaml=text)
     assert error.startswith(f"{home / 'config.yaml'}:{message}"), error
     assert "\n" not in error
@@ -577,6 +627,16 @@ def test_the_threshold_range_holds_at_both_ends(stage, home):
         "must be from 0.1 to 0.95, got 1.0")                   # a float, also when whole
 
 
+def test_a_file_that_is_not_text_is_refused(stage, home):
+    path = home / "config.yaml"
+    path.write_bytes(b"model: caf\xe9\n")
+    assert chain_error(stage, home).startswith(f"{path}: cannot be read (")
+    path.unlink()
+    path.mkdir()
+    assert chain_error(stage, home).startswith(f"{path}: ")
+
+
+@pytest.mark.hardening
 def test_a_file_too_large_or_not_a_file_or_not_text_is_refused(stage, home):
     path = home / "config.yaml"
     limit = stage.MAX_CONFIG_BYTES
@@ -594,6 +654,7 @@ def test_a_file_too_large_or_not_a_file_or_not_text_is_refused(stage, home):
     assert chain_error(stage, home).startswith(f"{path}: cannot be read (")
 
 
+@pytest.mark.hardening
 def test_four_levels_of_sections_are_read_five_are_refused(stage, home):
     assert stage.MAX_CONFIG_DEPTH == 4
     config = chain(stage, home, yaml="a:\n  b:\n    c:\n      d: 1\n")
@@ -656,7 +717,8 @@ def test_a_bad_profile_name_refuses_to_start(stage, home):
 ])
 def test_an_unknown_key_is_a_warning_with_a_suggestion(stage, home, text, warning):
     config = chain(stage, home, yaml=text)
-    assert config.warnings == [f"warning: {home / 'config.yaml'}:{warning}"]
+    wanted = f"warning: {home / 'config.yaml'}:{warning}"
+    assert config.warnings == [as_the_edition_words_it(stage, wanted)]
     assert changed(config) == {}
 
 
@@ -664,8 +726,9 @@ def test_main_shows_the_unknown_key_warning_and_starts(stage, home):
     (home / "config.yaml").write_text("model: m\napprovals:\n  mod: off\n")
     result = run_main(stage, "--show-config")
     assert result.returncode == 0
-    assert result.stderr == (f"warning: {home / 'config.yaml'}:3: unknown key 'approvals.mod' "
-                             f"(did you mean 'approvals.mode'?); ignored\n")
+    assert result.stderr == as_the_edition_words_it(
+        stage, f"warning: {home / 'config.yaml'}:3: unknown key 'approvals.mod' "
+               f"(did you mean 'approvals.mode'?); ignored\n")
     assert ("approvals.mode", "manual", "default") in table(result.stdout)
 
 
@@ -673,7 +736,8 @@ def test_a_refused_start_shows_the_warnings_before_the_errors(stage, home):
     (home / "config.yaml").write_text("aprovals:\n  mode: off\napprovals:\n  timeout: soon\n")
     result = run_main(stage, "--show-config")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == (
+    assert result.stderr == as_the_edition_words_it(
+        stage,
         f"warning: {home / 'config.yaml'}:2: unknown key 'aprovals.mode' (did you mean "
         f"'approvals.mode'?); ignored\n"
         f"error: {home / 'config.yaml'}:4: approvals.timeout: expected whole seconds, got "
@@ -1236,18 +1300,27 @@ def test_no_tool_changes_a_config_file(stage, home, work, tmp_path, target):
 def test_a_chain_file_is_named_exactly_and_can_still_be_read(stage, home, work, tmp_path,
                                                               target):
     argv, env, path = protected_target(target, home, tmp_path)
-    turns = [reply("", call("terminal", {"command": f"cd {path.parent} && cp /tmp/x "
-                                                    f"{path.name}"}, "named"),
-                   call("terminal", {"command": f"echo x > {path}"}, "exact"),
+    turns = [reply("", call("terminal", {"command": f"echo x > {path}"}, "exact"),
                    call("terminal", {"command": f"cat {path}"}, "cat"),
                    call("read_file", {"path": str(path)}, "read")), reply("done")]
     _, server = agent_run(stage, turns, *argv, env=env)
     found = results(server)
-    for blocked in ("named", "exact"):
-        assert found[blocked]["error"].startswith(
-            f"BLOCKED (self-protection): this command may write {path}, a policy file")
+    assert found["exact"]["error"].startswith(
+        f"BLOCKED (self-protection): this command may write {path}, a policy file")
     assert found["cat"]["output"] == ORIGINAL
     assert "timeout: 30" in found["read"]["content"]
+    assert path.read_text() == ORIGINAL and marks(work) == []
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("target", ["--config", "managed"])
+def test_a_chain_file_named_after_a_cd_is_refused(stage, home, work, tmp_path, target):
+    argv, env, path = protected_target(target, home, tmp_path)
+    turns = [reply("", call("terminal", {"command": f"cd {path.parent} && cp /tmp/x "
+                                                    f"{path.name}"}, "named")), reply("done")]
+    _, server = agent_run(stage, turns, *argv, env=env)
+    assert results(server)["named"]["error"].startswith(
+        f"BLOCKED (self-protection): this command may write {path}, a policy file")
     assert path.read_text() == ORIGINAL and marks(work) == []
 
 
@@ -1292,6 +1365,14 @@ def test_chain_files_and_profile_policy_files(stage, home, tmp_path):
     team.write_text(ORIGINAL)
     stage.CONFIG = chain(stage, home, "--config", str(team))
     assert stage.chain_files() == [team]
+    assert stage.policy_file_written(f"echo x > {team}") == team
+
+
+@pytest.mark.hardening
+def test_chain_file_written_reads_names_and_links(stage, home, tmp_path):
+    team = tmp_path / "team.yaml"
+    team.write_text(ORIGINAL)
+    stage.CONFIG = chain(stage, home, "--config", str(team))
     assert stage.chain_file_written(f"cat {team}") is None
     assert stage.chain_file_written(f"echo x > {team}") == team
     assert stage.chain_file_written("vim team.yaml") == team
@@ -1305,13 +1386,25 @@ def test_chain_files_and_profile_policy_files(stage, home, tmp_path):
 
 # ── the demo ──────────────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("stage_name", ["s11_config_chain"])        # later stages: own demo
+@pytest.mark.parametrize("stage_name", ["s11_config_chain",             # later stages: own demo
+                                        "hardened/s11_config_chain"])
 def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
     stage = load_stage(stage_name)
     monkeypatch.setattr(stage, "DEFAULT_MANAGED_FILE", tmp_path / "etc" / "config.yaml")
     result = run_main(stage, "--demo")
     assert result.returncode == 0
     out = result.stdout
+    hardened = stage_name.startswith("hardened/")       # only it shows the mistakes (step 2)
+    mistakes = [
+        "2. Mistakes in config.yaml are named with their line; a bad value refuses the "
+        "start, never a silent default:",
+        "  approvals: timeout: soon",
+        "approvals.timeout: expected whole seconds, got 'soon'",
+        "  approvals.mode = 'off' (YAML itself would read off as false)",
+        "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?); ignored",
+        "  approvals.mode = 'manual'\n",
+    ] if hardened else []
+    step = 3 if hardened else 2
     expected = [
         "1. One key, four layers. Each step adds a layer that sets approvals.timeout; the "
         "strongest one wins:",
@@ -1327,33 +1420,35 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: config.yaml:approvals.timeout is ignored: approvals.timeout is locked",
         "  warning: HERMES_APPROVAL_TIMEOUT is ignored:",
         "  warning: --approval-timeout is ignored:",
-        "2. Mistakes in config.yaml are named with their line; a bad value refuses the "
-        "start, never a silent default:",
-        "  approvals: timeout: soon",
-        "approvals.timeout: expected whole seconds, got 'soon'",
-        "  approvals.mode = 'off' (YAML itself would read off as false)",
-        "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?); ignored",
-        "  approvals.mode = 'manual'\n",
-        "3. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}",
+        *mistakes,
+        f"{step}. A deny rule beats YOLO. config.yaml: approvals: "
+        "{yolo: true, deny: ['rm -rf *']}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
         "    stub rm: -r build",
-        "4. The agent cannot change its own configuration, with any tool:",
+        f"{step + 1}. The agent cannot change its own configuration, with any tool:",
         "s11> write ../state/config.yaml approvals: {mode: off}\n",
         "config.yaml is a policy file of this agent: only the user changes it.",
         "s11> $ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml\n",
         "    BLOCKED (self-protection): this command may write ",
-        "5. The model can be told what the settings are, never change them",
+    ]
+    told = [                                            # the config verb: the hardened demo
+        f"{step + 2}. The model can be told what the settings are, never change them",
         "s11> config\n",
+        "Who decides a setting? Strongest first: the managed file",
         "  approvals.yolo = true   (config.yaml:approvals.yolo)",
         "  approvals.deny = rm -rf *   (config.yaml:approvals.deny)",
-    ]
+    ] if hardened else []
+    expected += told
     position = 0
     for line in expected:
         found = out.find(line, position)
         assert found >= 0, f"missing after position {position}: {line!r}\n{out}"
         position = found + len(line)
-    assert out.count("s11> ") == 5
-    assert "approvals.mode = 'manual'" not in out.split("approvals: mode: off")[1].split(
-        "aprovals")[0]
+    assert out.count("s11> ") == (5 if hardened else 4)
+    if hardened:
+        assert "approvals.mode = 'manual'" not in out.split("approvals: mode: off")[1].split(
+            "aprovals")[0]
+    else:
+        assert "Mistakes in config.yaml" not in out

@@ -148,15 +148,11 @@ DEMO_PROMISES = {
         "approvals.timeout = 10  from managed:approvals.timeout",
         "warning: --approval-timeout is ignored: approvals.timeout is locked by the managed "
         "configuration (",
-        "approvals.timeout: expected whole seconds, got 'soon'",
-        "approvals.mode = 'off'",
-        "unknown key 'aprovals.mode' (did you mean 'approvals.mode'?)",
         "BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "stub rm: -r build",
         "config.yaml is a policy file of this agent",
         "BLOCKED (self-protection): this command may write ",
-        "Who decides a setting? Strongest first: the managed file",
-    ],
+    ],                  # the hardened demo shows more: test_s11_config_chain.py checks it
     "s12_checkpoints": [
         "s12> write todo.txt buy milk\n  → write_file {\"path\": \"todo.txt\", \"content\": "
         "\"buy milk\"}\n  [checkpoint ",

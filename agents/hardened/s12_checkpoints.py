@@ -769,10 +769,10 @@ MANAGED_ENV_VAR = "LEARN_HERMES_MANAGED"    # the administrator's file: it locks
 DEFAULT_MANAGED_FILE = Path("/etc/learn-hermes/config.yaml")   # read when it exists
 PROFILES_DIR_NAME = "profiles"          # --profile NAME: $LEARN_HERMES_HOME/profiles/NAME
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+SECRET_SHOWN = "(set, hidden)"
 MAX_CONFIG_BYTES = 256 * 1024           # a larger config file is refused, not read
 MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is refused
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
-SECRET_SHOWN = "(set, hidden)"
 
 
 class Setting(NamedTuple):
@@ -924,7 +924,8 @@ def load_config(args, environ=os.environ) -> Config:
     config = Config(resolved, home, base, files, warnings)
     config.read_from = [
         f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
-        f"managed file: {tilde(managed_path) if managed_path else f'none ({MANAGED_ENV_VAR} unset)'}",
+        "managed file: " + (tilde(managed_path) if managed_path else
+                            f"none ({MANAGED_ENV_VAR} unset)"),
         f"home:         {tilde(home)}" + (f" (profile {args.profile})" if args.profile else "")]
     return config
 
@@ -1121,7 +1122,8 @@ def convert(setting: Setting, raw):
     if setting.kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        return convert_list(setting, items) if setting.kind == "list" else convert_pair(setting, items)
+        convert_items = convert_list if setting.kind == "list" else convert_pair
+        return convert_items(setting, items)
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
     text = raw.strip()
@@ -4774,7 +4776,8 @@ def command_gate(command: str) -> str | None:
     here; s10's sub-agents later). None means the command may run; anything else is the
     refusal to give the model instead. The order: hardline → self-protection → the
     user's deny rules (s11) → YOLO or mode off → cached approvals → smart reviewer →
-    manual prompt (the last three are approve_command()). A check that fails with an error denies: fail closed."""
+    manual prompt (the last three are approve_command()). A check that fails with an
+    error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
