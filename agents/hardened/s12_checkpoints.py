@@ -121,10 +121,9 @@ class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
     path: str | None
-    kept: tuple = ()            # folders the checkpoint held that are repositories now:
-
-
-                                # left as they are, and /rollback says so
+    # Folders the checkpoint held that are repositories now: left as they are, and
+    # /rollback says so (the hardened edition: repositories_now()).
+    kept: tuple = ()
 
 
 class CheckpointManager:
@@ -361,15 +360,16 @@ LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
-LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
-EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
-MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
 GIT_OPTION_WITH_VALUE = {"-c", "-C", "--git-dir", "--work-tree", "--namespace"}
 GIT_REWRITES = {"reset", "checkout", "switch", "restore", "clean", "stash", "rm", "mv",
                 "apply", "am", "merge", "rebase", "pull", "revert", "cherry-pick"}
+
+LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
+EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
+MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 
 
 def project_key(project: Path) -> str:
