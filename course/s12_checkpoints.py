@@ -22,8 +22,8 @@ Reading guide
     Start right below the imports: "[s12] Checkpoints" is this stage's lesson:
     CheckpointManager (snapshot(), list(), diff(), restore(); git() and run()), then when
     a checkpoint is taken: before_change() once per turn, checkpoint_before_change()
-    called by the tools, command_may_change_files(). "[s12] Checkpoint details" is the
-    hardening (git's settings, excludes, nested repositories). Earlier stages follow,
+    called by the tools, command_may_change_files(). "[s12] Checkpoint details" holds
+    git's settings, the excludes, what is left out and the checks. Earlier stages follow,
     then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
     {changed elsewhere}
 Run
@@ -104,9 +104,9 @@ class Checkpoint(NamedTuple):
     files: int                  # what changed since the checkpoint before it: files,
     added: int                  # lines added
     removed: int                # and lines removed
-    left_out: tuple = ()        # there then, not in it: nested repositories, large and
-                                # ignored files ("node_modules/": a whole folder)
-    empty: tuple = ()           # its empty folders ("logs/"): git stores files only
+    left_out: tuple = ()        # the hardened edition records what was there then, not in
+                                # it: nested repositories, large and ignored files
+    empty: tuple = ()           # and its empty folders ("logs/"): git stores files only
 
     @property
     def short(self) -> str:
