@@ -20,12 +20,12 @@ Reading guide
     Start right below the imports: "[s12] Checkpoints" is this stage's lesson:
     CheckpointManager (snapshot(), list(), diff(), restore(); git() and run()), then when
     a checkpoint is taken: before_change() once per turn, checkpoint_before_change()
-    called by the tools, command_may_change_files(). "[s12] Checkpoint details" is the
-    hardening (git's settings, excludes, nested repositories). Earlier stages follow,
+    called by the tools, command_may_change_files(). "[s12] Checkpoint details" holds
+    git's settings, the excludes, what is left out and the checks. Earlier stages follow,
     then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
-    Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool(),
-    write_refusal() in [s09]; build_settings(), flag_entries() in [s11]; and 8 definitions
-    of the plumbing (python course/build.py --changes s12 lists them all).
+    Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool() in
+    [s09]; build_settings(), flag_entries() in [s11]; and 8 definitions of the plumbing
+    (python course/build.py --changes s12 lists them all).
 Run
     python agents/s12_checkpoints.py                  # REPL (offline model without a key)
     python agents/s12_checkpoints.py --demo           # the walk-through
@@ -98,9 +98,9 @@ class Checkpoint(NamedTuple):
     files: int                  # what changed since the checkpoint before it: files,
     added: int                  # lines added
     removed: int                # and lines removed
-    left_out: tuple = ()        # there then, not in it: nested repositories, large and
-                                # ignored files ("node_modules/": a whole folder)
-    empty: tuple = ()           # its empty folders ("logs/"): git stores files only
+    left_out: tuple = ()        # the hardened edition records what was there then, not in
+                                # it: nested repositories, large and ignored files
+    empty: tuple = ()           # and its empty folders ("logs/"): git stores files only
 
     @property
     def short(self) -> str:
@@ -111,10 +111,9 @@ class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
     path: str | None
-    kept: tuple = ()            # folders the checkpoint held that are repositories now:
-
-
-                                # left as they are, and /rollback says so
+    # Folders the checkpoint held that are repositories now: left as they are, and
+    # /rollback says so (the hardened edition: repositories_now()).
+    kept: tuple = ()
 
 
 class CheckpointManager:
@@ -142,20 +141,16 @@ class CheckpointManager:
         nothing changed since the newest one."""
         open_checkpoint_store(self)
         newest = self.list()[:1]
-        stage_tree(self, first=not newest)
+        stage_tree(self)
         # What changed since the newest checkpoint. Before the first one, everything:
         # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
         changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
                            *[checkpoint.id for checkpoint in newest])
-        empty = empty_folders(self)
-        if newest and not changes and tuple(empty) == newest[0].empty:
+        if newest and not changes:
             return None
         files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
-        left_out = [*self.left_out, *ignored_files(self)]   # here, and not in the checkpoint
-        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n" + \
-            "".join(f"left out {json.dumps(path)}\n" for path in left_out) + \
-            "".join(f"empty {json.dumps(path)}\n" for path in empty)
+        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
         commit = self.git("commit-tree", tree, input=message).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
@@ -185,37 +180,34 @@ class CheckpointManager:
         """Make the project, or only `path`, exactly what checkpoint n holds. First a
         checkpoint of the project as it is now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
-        wanted = "."
-        if path is not None:
-            relative = checked_path(self, path)
-            check_restorable(self, checkpoint, relative)    # a typo changes nothing
-            wanted = ":(literal)" + relative
+        relative = None if path is None else checked_path(self, path)
+        wanted = "." if relative is None else ":(literal)" + relative
+        if relative is not None and not os.path.lexists(self.project / relative) \
+                and not self.git("ls-tree", "--name-only", checkpoint.id, "--", wanted):
+            raise CheckpointError(self.not_there(path, checkpoint))    # a typo changes nothing
         # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
             or self.list()[0].id
         # The snapshot put every file it keeps into the index. --no-overlay removes what
-        # the index has and the checkpoint has not (files created since), except what the
-        # checkpoint left out: those files were there then. Ignored and left out now:
-        # not in the index, they stay as they are.
+        # the index has and the checkpoint has not (files created since); what is left
+        # out now is not in the index, so it stays as it is.
         try:
             self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
-                     "--no-overlay", "--pathspec-from-file=-", "--pathspec-file-nul",
-                     input="\0".join([wanted, *excluded([*self.left_out,
-                                                         *checkpoint.left_out])]))
-        except CheckpointError as exc:
+                     "--no-overlay", "--", wanted, *excluded(self.left_out))
+        except CheckpointError as exc:      # a typo: git found the path nowhere
             if "did not match" not in str(exc):
                 raise
-            raise CheckpointError(f"{visible(path)!r} is left out now (a nested repository "
-                                  f"or a large file): it stays as it is") from None
-        kept = repositories_now(self, checkpoint, wanted)
-        if path is None:
-            restore_empty_folders(self, checkpoint)
+            raise CheckpointError(self.not_there(path, checkpoint)) from None
         prune(self)
-        return Restored(checkpoint, undo, path, kept)
+        return Restored(checkpoint, undo, path)
 
-    def git(self, *args: str, input: str | None = None, settings=()) -> str:
+    def not_there(self, path: str, checkpoint: Checkpoint) -> str:
+        return (f"{visible(path)!r} is not in checkpoint {checkpoint.short}, and not "
+                f"checkpointed now (missing, ignored or left out)")
+
+    def git(self, *args: str, input: str | None = None) -> str:
         """One git command on the store and the project: its output."""
-        options = [part for setting in (*GIT_SETTINGS, *settings) for part in ("-c", setting)]
+        options = [part for setting in GIT_SETTINGS for part in ("-c", setting)]
         return self.run([f"--git-dir={self.store}", f"--work-tree={self.project}",
                          *options, *args], input)
 
@@ -333,9 +325,6 @@ LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
-LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
-EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
-MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
@@ -429,10 +418,7 @@ def listed_checkpoint(index: int, record: str) -> Checkpoint:
     ref, commit, when, reason, body = record.lstrip("\n").split("\0")
     stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
     files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
-    left_out = tuple(json.loads(name) for name in LEFT_OUT_LINE.findall(body))
-    empty = tuple(json.loads(name) for name in EMPTY_LINE.findall(body))
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed, left_out,
-                      empty)
+    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
 
 
 def checked_id(text: str) -> str:
@@ -483,111 +469,24 @@ def state_folder_exclude(manager: CheckpointManager) -> list[str]:
     return ["/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", relative) + "/"]    # an exact path
 
 
-def stage_tree(manager: CheckpointManager, first: bool = False) -> None:
-    """The store's index becomes the project as it is now, minus what is left out."""
-    manager.left_out, changed = look_at_tree(manager)
-    # A folder the index holds that is a symbolic link now: git will not add a path
-    # "beyond a symbolic link", so its old entries go, and the link itself is stored.
-    links = links_over_folders(manager.project, changed)
-    gone = [*manager.left_out, *(link + "/" for link in links)]
-    if gone:                # an earlier checkpoint may hold them: out of the index too
+def stage_tree(manager: CheckpointManager) -> None:
+    """The store's index becomes the project as it is now, minus what is left out: each
+    nested repository (git lists a new one as a folder, "vendor/lib/") and each file
+    over the size limit. Ignored files and DEFAULT_EXCLUDES are never listed."""
+    listed = set(manager.git("ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard").split("\0")[:-1])
+    if len(listed) > manager.max_files:
+        raise CheckpointError(f"{manager.project} has {len(listed):,} files, more than "
+                              f"checkpoints.max_files ({manager.max_files:,})")
+    repositories = sorted(path for path in listed if path.endswith("/"))
+    large = sorted(path for path in listed if not path.endswith("/") and too_large(manager, path))
+    manager.left_out = repositories + large
+    if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
         manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
                     "--pathspec-from-file=-", "--pathspec-file-nul",
-                    input="\0".join(":(literal)" + path for path in gone))
-        changed = [path for path in changed if not path.startswith(tuple(gone))] + links
-    if not first and not changed:
-        return                              # the index is the project already
-    # A few changed files are added by name: git then skips the rest of the tree (a
-    # third of the time on 10,000 files). The first add of a big tree writes one pack
-    # instead of a file per object: about twice as fast (engineering notes §6).
-    few = not first and len(changed) <= MAX_NAMED_CHANGES
-    specs = [":(literal)" + path for path in changed] if few else \
-        [".", *excluded(manager.left_out)]
+                    input="\0".join(":(literal)" + path for path in manager.left_out))
     manager.git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
-                input="\0".join(specs), settings=["core.bigFileThreshold=1"] if first else [])
-
-
-def look_at_tree(manager: CheckpointManager) -> tuple[list[str], list[str]]:
-    """Ask git which files `add -A` would store (those in the index, "H", and new ones
-    that no exclude or .gitignore names, "?") and which of them changed ("?" and "C",
-    also a deleted one). Returns what to leave out (each nested repository: `add -A`
-    fails on one with no commit; each file over the size limit) and what changed.
-    Too many files: CheckpointError. Only new and changed files can have grown, so
-    only they are measured: 10,000 stat calls from Python cost 60 ms."""
-    listed = manager.git("ls-files", "-z", "-t", "--cached", "--others", "--modified",
-                         "--exclude-standard").split("\0")[:-1]
-    stored = {entry[2:] for entry in listed if entry[0] in "H?"}
-    files = [path for path in stored if not path.endswith("/")]
-    # A new repository is listed as a folder ("vendor/lib/"); one in a folder that an
-    # earlier checkpoint holds is found by its .git.
-    repositories = sorted({path for path in stored if path.endswith("/")}
-                          | nested_repositories(manager.project, files))
-    if repositories:
-        files = [path for path in files if not path.startswith(tuple(repositories))]
-    if len(files) > manager.max_files:
-        raise CheckpointError(f"{manager.project} has {len(files):,} files, more than "
-                              f"checkpoints.max_files ({manager.max_files:,})")
-    changed = {entry[2:] for entry in listed if entry[0] in "?C"}.intersection(files)
-    large = sorted(path for path in changed if too_large(manager, path))
-    return repositories + large, sorted(changed.difference(large))
-
-
-def repositories_now(manager: CheckpointManager, checkpoint: Checkpoint,
-                     wanted: str) -> tuple:
-    """The folders the checkpoint held as files that are repositories now (someone ran
-    `git init` there): `git restore` above left them as they are, and the caller says
-    so. A `.git` that is no repository (an empty file, say) makes no repository: such a
-    folder is restored like any other (nested_repositories())."""
-    folders = [path for path in manager.left_out
-               if path.endswith("/") and path not in checkpoint.left_out]
-    if wanted != ".":                       # a one-path restore: only that path's folders
-        target = wanted.removeprefix(":(literal)").rstrip("/") + "/"
-        folders = [f for f in folders if target.startswith(f) or f.startswith(target)]
-    if not folders:
-        return ()
-    held = manager.git("ls-tree", "-r", "-z", "--name-only", checkpoint.id, "--",
-                       *[":(literal)" + folder for folder in folders]).split("\0")[:-1]
-    return tuple(sorted({folder for folder in folders
-                         for path in held if path.startswith(folder)}))
-
-
-def links_over_folders(project: Path, paths: list) -> list[str]:
-    """The folders above `paths` that are symbolic links now (mv d d.old; ln -s … d)."""
-    found = set()
-    for path in paths:
-        parts = path.split("/")[:-1]
-        for end in range(1, len(parts) + 1):
-            folder = "/".join(parts[:end])
-            if os.path.islink(os.path.join(project, folder)):
-                found.add(folder)
-                break
-    return sorted(found)
-
-
-def nested_repositories(project: Path, files: list) -> set[str]:
-    """The folders of `files` (and the folders above them) that have a .git of their own."""
-    folders = {path.rpartition("/")[0] for path in files}   # 10,000 files: ~100 folders
-    for folder in list(folders):
-        while folder:
-            folder = folder.rpartition("/")[0]
-            folders.add(folder)
-    return {folder + "/" for folder in folders
-            if folder and is_repository(os.path.join(project, folder))}
-
-
-def is_repository(folder: str) -> bool:
-    """As git decides it: a .git folder with a HEAD, or a .git file pointing at one. A
-    .git that is neither (`touch sub/.git`) makes no repository, and git adds the files."""
-    marker = os.path.join(folder, ".git")
-    if os.path.isdir(marker) and not os.path.islink(marker):
-        return os.path.isfile(os.path.join(marker, "HEAD"))
-    try:
-        with open(marker, encoding="utf-8", errors="replace") as file:
-            first = file.readline(4096)
-    except OSError:
-        return False
-    target = first.removeprefix("gitdir:").strip() if first.startswith("gitdir:") else ""
-    return bool(target) and os.path.isfile(os.path.join(folder, target, "HEAD"))
+                input="\0".join([".", *excluded(manager.left_out)]))
 
 
 def too_large(manager: CheckpointManager, path: str) -> bool:
@@ -644,81 +543,6 @@ def checked_path(manager: CheckpointManager, path: str) -> str:
         raise CheckpointError(f"{shown} is not inside the project {manager.project}"
                               + (" (all of it: /rollback N)" if real == manager.project else ""))
     return Path(relative).as_posix()
-
-
-def empty_folders(manager: CheckpointManager) -> list[str]:
-    """The project's empty folders ("logs/", "a/b/"), which no commit can hold. git
-    lists the folders it stores nothing of; the empty ones are found inside them
-    (ignored and left-out folders are not listed)."""
-    listed = manager.git("ls-files", "-z", "--others", "--exclude-standard",
-                         "--directory").split("\0")[:-1]
-    empty = []
-    for path in listed:
-        if not path.endswith("/") or path in manager.left_out:
-            continue
-        for folder, names, files in os.walk(os.path.join(manager.project, path)):
-            if not names and not files:     # a symbolic link is among the files
-                empty.append(Path(folder).relative_to(manager.project).as_posix() + "/")
-    return sorted(empty)
-
-
-def restore_empty_folders(manager: CheckpointManager, checkpoint: Checkpoint) -> None:
-    """After a whole-project restore: the empty folders made since go (an empty folder
-    holds nothing that could be lost; a folder that held only them is empty next time
-    round), and the checkpoint's come back, where no symbolic link stands in the way."""
-    while made_since := [path for path in empty_folders(manager)
-                         if path not in checkpoint.empty]:
-        for path in made_since:
-            os.rmdir(os.path.join(manager.project, path))
-    for path in checkpoint.empty:
-        parts = path.rstrip("/").split("/")
-        on_the_way = [os.path.join(manager.project, *parts[:end])
-                      for end in range(1, len(parts) + 1)]
-        if not any(os.path.islink(place) for place in on_the_way):
-            os.makedirs(on_the_way[-1], exist_ok=True)
-
-
-def ignored_files(manager: CheckpointManager) -> list[str]:
-    """The files (and whole folders, as "node_modules/") that are in the project and that
-    no checkpoint stores: what .gitignore and the excludes name. A checkpoint records
-    them, so that a rule removed later does not make its restore delete them."""
-    return manager.git("ls-files", "-z", "--others", "--ignored", "--exclude-standard",
-                       "--directory").split("\0")[:-1]
-
-
-def check_restorable(manager: CheckpointManager, checkpoint: Checkpoint, relative: str) -> None:
-    """A path to restore alone must be in the checkpoint or be stored now (to be removed
-    as created since). Checked before the rollback's own checkpoint: a typo changes
-    nothing. A path the checkpoint left out stays as it is: it is no path to restore."""
-    if any(relative == out.rstrip("/") or out.endswith("/") and relative.startswith(out)
-           for out in checkpoint.left_out):
-        raise CheckpointError(f"{visible(relative)!r} was left out of checkpoint "
-                              f"{checkpoint.short}: it stays as it is")
-    held = manager.git("ls-tree", "-z", "--name-only", checkpoint.id, "--",
-                       ":(literal)" + relative)
-    stored_now = manager.git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                             "--", ":(literal)" + relative).split("\0")[:-1]
-    if not held and not any(os.path.lexists(manager.project / name) for name in stored_now):
-        raise CheckpointError(f"{visible(relative)!r} is not in checkpoint {checkpoint.short}, "
-                              f"and not checkpointed now (missing, ignored or left out)")
-
-
-def checkpoint_store_problem(real: Path) -> str | None:
-    """write_file and patch never write into the checkpoints: a changed ref or
-    info/exclude would hide a checkpoint from /rollback or change what it restores.
-    (A terminal command that names the state folder is refused by s09's
-    self-protection.) Every profile's stores, and this run's, wherever they are."""
-    base = Path(os.path.realpath(base_home()))
-    homes = {base, Path(os.path.realpath(hermes_home()))}
-    if CHECKPOINTS is not None:
-        homes.add(CHECKPOINTS.home)
-    if base / PROFILES_DIR_NAME in real.parents:
-        homes.add(base / PROFILES_DIR_NAME / real.relative_to(base / PROFILES_DIR_NAME).parts[0])
-    for stores in (home / CHECKPOINTS_DIR_NAME for home in homes):
-        if real == stores or stores in real.parents:
-            return (f"is in the checkpoint stores {tilde(stores)}: only snapshots and "
-                    f"/rollback change them")
-    return None
 
 
 def remove_stale_lock(store: Path) -> None:
@@ -2365,7 +2189,7 @@ def write_refusal(target: Path) -> str | None:
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
     problem = protected_path_problem(real) or write_root_problem(real) \
-        or child_state_problem(real) or checkpoint_store_problem(real)   # s10, s12
+        or child_state_problem(real)         # s10
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -6126,15 +5950,9 @@ def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
     if not lines:
         console.print(Text("  none: the project is as it was then", style="dim"))
     for line in lines[:MAX_DIFF_LINES]:
-        console.print(Text(visible(line.expandtabs()), style=diff_style(line)))
+        console.print(Text(visible(line.expandtabs()), ))
     if len(lines) > MAX_DIFF_LINES:
         console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
-
-
-def diff_style(line: str) -> str:
-    if line.startswith(("+++", "---", "diff ")):
-        return "bold"
-    return {"+": "green", "-": "red", "@": "cyan"}.get(line[:1], "")
 
 
 def show_restored(restored: Restored) -> None:

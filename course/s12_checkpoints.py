@@ -22,8 +22,8 @@ Reading guide
     Start right below the imports: "[s12] Checkpoints" is this stage's lesson:
     CheckpointManager (snapshot(), list(), diff(), restore(); git() and run()), then when
     a checkpoint is taken: before_change() once per turn, checkpoint_before_change()
-    called by the tools, command_may_change_files(). "[s12] Checkpoint details" is the
-    hardening (git's settings, excludes, nested repositories). Earlier stages follow,
+    called by the tools, command_may_change_files(). "[s12] Checkpoint details" holds
+    git's settings, the excludes, what is left out and the checks. Earlier stages follow,
     then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
     {changed elsewhere}
 Run
@@ -104,9 +104,9 @@ class Checkpoint(NamedTuple):
     files: int                  # what changed since the checkpoint before it: files,
     added: int                  # lines added
     removed: int                # and lines removed
-    left_out: tuple = ()        # there then, not in it: nested repositories, large and
-                                # ignored files ("node_modules/": a whole folder)
-    empty: tuple = ()           # its empty folders ("logs/"): git stores files only
+    left_out: tuple = ()        # the hardened edition records what was there then, not in
+                                # it: nested repositories, large and ignored files
+    empty: tuple = ()           # and its empty folders ("logs/"): git stores files only
 
     @property
     def short(self) -> str:
@@ -117,10 +117,157 @@ class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
     path: str | None
-    kept: tuple = ()            # folders the checkpoint held that are repositories now:
-                                # left as they are, and /rollback says so
+    # Folders the checkpoint held that are repositories now: left as they are, and
+    # /rollback says so (the hardened edition: repositories_now()).
+    kept: tuple = ()
 
 
+#: teaching
+class CheckpointManager:
+    """Checkpoints of one project folder, kept in a git repository of the agent's own
+    (a "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/, a bare repository with
+    no files of its own. Every git call names the store and the project explicitly, so
+    the project's own .git is never read or written."""
+
+    def __init__(self, project: Path, home: Path | None = None,
+                 max_snapshots: int = MAX_SNAPSHOTS, max_files: int = MAX_FILES,
+                 max_file_size_mb: int = MAX_FILE_SIZE_MB):
+        self.project = Path(os.path.realpath(project))
+        self.home = Path(os.path.realpath(home or hermes_home()))
+        self.store = self.home / CHECKPOINTS_DIR_NAME / project_key(self.project)
+        self.max_snapshots, self.max_files = max_snapshots, max_files
+        self.max_file_bytes = max_file_size_mb * 1024 * 1024
+        self.git_program = shutil.which("git")      # None: no checkpoint can be taken
+        self.left_out: list[str] = []   # nested repositories and large files, last looked
+        self.lock = threading.Lock()    # s10's sub-agents share the manager
+        self.turn_taken = False         # this user turn has had its checkpoint
+        self.warned: set = set()        # each warning is shown once per run
+
+    def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
+        """Record the project as it is now. The new checkpoint's id, or None when
+        nothing changed since the newest one."""
+        open_checkpoint_store(self)
+        newest = self.list()[:1]
+        stage_tree(self)
+        # What changed since the newest checkpoint. Before the first one, everything:
+        # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
+        changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+                           *[checkpoint.id for checkpoint in newest])
+        if newest and not changes:
+            return None
+        files, added, removed = numstat_totals(changes)
+        tree = self.git("write-tree").strip()
+        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
+        commit = self.git("commit-tree", tree, input=message).strip()   # no parent
+        number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
+        self.git("update-ref", "--stdin",
+                 input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
+        if prune_old:
+            prune(self)
+        return commit
+
+    def list(self) -> list[Checkpoint]:
+        """Every checkpoint of the project, newest first."""
+        if not (self.store / "HEAD").is_file():
+            return []
+        output = self.git("for-each-ref", "--sort=-refname", f"--format={LIST_FORMAT}",
+                          CHECKPOINT_REFS)
+        return [listed_checkpoint(index, record) for index, record
+                in enumerate(output.split(RECORD_END)[:-1], start=1)]
+
+    def diff(self, n: int | str) -> str:
+        """The changes from checkpoint n to the project as it is now, as git shows them."""
+        checkpoint = find_checkpoint(self, n)
+        open_checkpoint_store(self)
+        stage_tree(self)
+        return self.git("diff", "--cached", "--no-renames", "--no-ext-diff", checkpoint.id,
+                        "--", ".", *excluded(self.left_out))
+
+    def restore(self, n: int | str, path: str | None = None) -> Restored:
+        """Make the project, or only `path`, exactly what checkpoint n holds. First a
+        checkpoint of the project as it is now: the way back."""
+        checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
+        relative = None if path is None else checked_path(self, path)
+        wanted = "." if relative is None else ":(literal)" + relative
+        if relative is not None and not os.path.lexists(self.project / relative) \
+                and not self.git("ls-tree", "--name-only", checkpoint.id, "--", wanted):
+            raise CheckpointError(self.not_there(path, checkpoint))    # a typo changes nothing
+        # Pruned after the restore: the checkpoint restored may be the oldest one.
+        undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
+            or self.list()[0].id
+        # The snapshot put every file it keeps into the index. --no-overlay removes what
+        # the index has and the checkpoint has not (files created since); what is left
+        # out now is not in the index, so it stays as it is.
+        try:
+            self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
+                     "--no-overlay", "--", wanted, *excluded(self.left_out))
+        except CheckpointError as exc:      # a typo: git found the path nowhere
+            if "did not match" not in str(exc):
+                raise
+            raise CheckpointError(self.not_there(path, checkpoint)) from None
+        prune(self)
+        return Restored(checkpoint, undo, path)
+
+    def not_there(self, path: str, checkpoint: Checkpoint) -> str:
+        return (f"{visible(path)!r} is not in checkpoint {checkpoint.short}, and not "
+                f"checkpointed now (missing, ignored or left out)")
+
+    def git(self, *args: str, input: str | None = None) -> str:
+        """One git command on the store and the project: its output."""
+        options = [part for setting in GIT_SETTINGS for part in ("-c", setting)]
+        return self.run([f"--git-dir={self.store}", f"--work-tree={self.project}",
+                         *options, *args], input)
+
+    def run(self, args: list, input: str | None = None) -> str:
+        """git with `args`, in the project folder; CheckpointError with git's complaint."""
+        if self.git_program is None:
+            raise CheckpointError("git is not installed (or not on PATH)")
+        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+        try:
+            done = subprocess.run([self.git_program, *args], cwd=self.project,
+                                  env=git_environment(), capture_output=True, text=True,
+                                  encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT,
+                                  **stdin)
+        except subprocess.TimeoutExpired:
+            remove_stale_lock(self.store)
+            raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
+        except OSError as exc:
+            raise CheckpointError(f"git could not run ({exc})") from None
+        except BaseException:                   # Ctrl-C: run() has killed git already
+            remove_stale_lock(self.store)
+            raise
+        if done.returncode != 0:
+            complaint = first_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
+            raise CheckpointError(f"git {git_command_name(args)}: {complaint}")
+        return done.stdout
+
+    def new_turn(self) -> None:
+        with self.lock:
+            self.turn_taken = False
+
+    def before_change(self, reason: str) -> None:
+        """The first change of a user turn: a checkpoint first. Later ones: nothing.
+        The lock makes a sub-agent's change wait until the checkpoint is complete."""
+        with self.lock:
+            if self.turn_taken or never_checkpointed(self.project, self.home):
+                return                  # the second: a rule, not a failure (/rollback says)
+            self.turn_taken = True
+            try:
+                commit = self.snapshot(reason)
+            except Exception as exc:    # a safety net that fails must not stop the work
+                warn_once(self, f"warning: no checkpoint was taken ({first_line(exc)}); "
+                                f"the tool runs anyway")
+                return
+        if commit is not None:
+            show_checkpoint_note(f"[checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
+                                 f"{left_out_note(self.left_out)}]")
+
+    def contains(self, path: Path) -> bool:
+        real = Path(os.path.realpath(path))
+        return real == self.project or self.project in real.parents
+
+
+#: hardened
 class CheckpointManager:
     """Checkpoints of one project folder, kept in a git repository of the agent's own
     (a "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/, a bare repository with
@@ -383,15 +530,17 @@ LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
-LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
-EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
-MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
 GIT_OPTION_WITH_VALUE = {"-c", "-C", "--git-dir", "--work-tree", "--namespace"}
 GIT_REWRITES = {"reset", "checkout", "switch", "restore", "clean", "stash", "rm", "mv",
                 "apply", "am", "merge", "rebase", "pull", "revert", "cherry-pick"}
+
+#: hardened
+LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
+EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
+MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 
 
 def project_key(project: Path) -> str:
@@ -474,7 +623,15 @@ def one_line(text: str) -> str:
     line = visible(" ".join(str(text).split()))
     return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 1] + "…"
 
+#: teaching
+def listed_checkpoint(index: int, record: str) -> Checkpoint:
+    ref, commit, when, reason, body = record.lstrip("\n").split("\0")
+    stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
+    files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
+    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
 
+
+#: hardened
 def listed_checkpoint(index: int, record: str) -> Checkpoint:
     ref, commit, when, reason, body = record.lstrip("\n").split("\0")
     stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
@@ -532,7 +689,28 @@ def state_folder_exclude(manager: CheckpointManager) -> list[str]:
                               "excluded")
     return ["/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", relative) + "/"]    # an exact path
 
+#: teaching
+def stage_tree(manager: CheckpointManager) -> None:
+    """The store's index becomes the project as it is now, minus what is left out: each
+    nested repository (git lists a new one as a folder, "vendor/lib/") and each file
+    over the size limit. Ignored files and DEFAULT_EXCLUDES are never listed."""
+    listed = set(manager.git("ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard").split("\0")[:-1])
+    if len(listed) > manager.max_files:
+        raise CheckpointError(f"{manager.project} has {len(listed):,} files, more than "
+                              f"checkpoints.max_files ({manager.max_files:,})")
+    repositories = sorted(path for path in listed if path.endswith("/"))
+    large = sorted(path for path in listed if not path.endswith("/") and too_large(manager, path))
+    manager.left_out = repositories + large
+    if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
+        manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
+                    "--pathspec-from-file=-", "--pathspec-file-nul",
+                    input="\0".join(":(literal)" + path for path in manager.left_out))
+    manager.git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
+                input="\0".join([".", *excluded(manager.left_out)]))
 
+
+#: hardened
 def stage_tree(manager: CheckpointManager, first: bool = False) -> None:
     """The store's index becomes the project as it is now, minus what is left out."""
     manager.left_out, changed = look_at_tree(manager)
@@ -557,6 +735,7 @@ def stage_tree(manager: CheckpointManager, first: bool = False) -> None:
                 input="\0".join(specs), settings=["core.bigFileThreshold=1"] if first else [])
 
 
+#: hardened
 def look_at_tree(manager: CheckpointManager) -> tuple[list[str], list[str]]:
     """Ask git which files `add -A` would store (those in the index, "H", and new ones
     that no exclude or .gitignore names, "?") and which of them changed ("?" and "C",
@@ -582,6 +761,7 @@ def look_at_tree(manager: CheckpointManager) -> tuple[list[str], list[str]]:
     return repositories + large, sorted(changed.difference(large))
 
 
+#: hardened
 def repositories_now(manager: CheckpointManager, checkpoint: Checkpoint,
                      wanted: str) -> tuple:
     """The folders the checkpoint held as files that are repositories now (someone ran
@@ -601,6 +781,7 @@ def repositories_now(manager: CheckpointManager, checkpoint: Checkpoint,
                          for path in held if path.startswith(folder)}))
 
 
+#: hardened
 def links_over_folders(project: Path, paths: list) -> list[str]:
     """The folders above `paths` that are symbolic links now (mv d d.old; ln -s … d)."""
     found = set()
@@ -614,6 +795,7 @@ def links_over_folders(project: Path, paths: list) -> list[str]:
     return sorted(found)
 
 
+#: hardened
 def nested_repositories(project: Path, files: list) -> set[str]:
     """The folders of `files` (and the folders above them) that have a .git of their own."""
     folders = {path.rpartition("/")[0] for path in files}   # 10,000 files: ~100 folders
@@ -625,6 +807,7 @@ def nested_repositories(project: Path, files: list) -> set[str]:
             if folder and is_repository(os.path.join(project, folder))}
 
 
+#: hardened
 def is_repository(folder: str) -> bool:
     """As git decides it: a .git folder with a HEAD, or a .git file pointing at one. A
     .git that is neither (`touch sub/.git`) makes no repository, and git adds the files."""
@@ -696,6 +879,7 @@ def checked_path(manager: CheckpointManager, path: str) -> str:
     return Path(relative).as_posix()
 
 
+#: hardened
 def empty_folders(manager: CheckpointManager) -> list[str]:
     """The project's empty folders ("logs/", "a/b/"), which no commit can hold. git
     lists the folders it stores nothing of; the empty ones are found inside them
@@ -712,6 +896,7 @@ def empty_folders(manager: CheckpointManager) -> list[str]:
     return sorted(empty)
 
 
+#: hardened
 def restore_empty_folders(manager: CheckpointManager, checkpoint: Checkpoint) -> None:
     """After a whole-project restore: the empty folders made since go (an empty folder
     holds nothing that could be lost; a folder that held only them is empty next time
@@ -728,6 +913,7 @@ def restore_empty_folders(manager: CheckpointManager, checkpoint: Checkpoint) ->
             os.makedirs(on_the_way[-1], exist_ok=True)
 
 
+#: hardened
 def ignored_files(manager: CheckpointManager) -> list[str]:
     """The files (and whole folders, as "node_modules/") that are in the project and that
     no checkpoint stores: what .gitignore and the excludes name. A checkpoint records
@@ -736,6 +922,7 @@ def ignored_files(manager: CheckpointManager) -> list[str]:
                        "--directory").split("\0")[:-1]
 
 
+#: hardened
 def check_restorable(manager: CheckpointManager, checkpoint: Checkpoint, relative: str) -> None:
     """A path to restore alone must be in the checkpoint or be stored now (to be removed
     as created since). Checked before the rollback's own checkpoint: a typo changes
@@ -752,7 +939,7 @@ def check_restorable(manager: CheckpointManager, checkpoint: Checkpoint, relativ
         raise CheckpointError(f"{visible(relative)!r} is not in checkpoint {checkpoint.short}, "
                               f"and not checkpointed now (missing, ignored or left out)")
 
-
+#: hardened
 def checkpoint_store_problem(real: Path) -> str | None:
     """write_file and patch never write into the checkpoints: a changed ref or
     info/exclude would hide a checkpoint from /rollback or change what it restores.
@@ -876,6 +1063,21 @@ def show_checkpoints(manager: CheckpointManager) -> None:
                        "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
 
 
+#: teaching
+def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
+    checkpoint = find_checkpoint(manager, n)
+    lines = manager.diff(n).splitlines()
+    console.print(Text(f"changes from checkpoint {checkpoint.index} ({checkpoint.short}, "
+                       f"{checkpoint.reason}) to now:", style="bold"))
+    if not lines:
+        console.print(Text("  none: the project is as it was then", style="dim"))
+    for line in lines[:MAX_DIFF_LINES]:
+        console.print(Text(visible(line.expandtabs()), ))
+    if len(lines) > MAX_DIFF_LINES:
+        console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
+
+
+#: hardened
 def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
     checkpoint = find_checkpoint(manager, n)
     lines = manager.diff(n).splitlines()
@@ -889,6 +1091,7 @@ def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
         console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
 
 
+#: hardened
 def diff_style(line: str) -> str:
     if line.startswith(("+++", "---", "diff ")):
         return "bold"
@@ -1064,6 +1267,7 @@ def terminal_tool(command: str, timeout: int | None = None) -> str:
     return checked_run(command, timeout)
 
 
+#: hardened
 def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""

@@ -370,6 +370,7 @@ def test_commands_that_change_files_unseen_get_no_checkpoint(stage):
             f"cannot see' and exercise 2")
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_write_file_and_patch_into_the_store_are_refused(stage, tmp_path):
     project = a_project(tmp_path)
@@ -388,6 +389,7 @@ def test_write_file_and_patch_into_the_store_are_refused(stage, tmp_path):
     assert "**The store itself.**" in chapter() and "`write_file` and `patch` refuse" in chapter()
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_file_ignored_then_and_not_now_is_kept_by_a_rollback(stage, tmp_path):
     project = a_project(tmp_path, {".gitignore": "*.db\n", "local.db": "precious\n"})

@@ -205,6 +205,7 @@ def test_a_restore_makes_the_tree_exactly_the_checkpoint(stage, project, state):
     assert tree_state(project) == changed
 
 
+@pytest.mark.hardening
 def test_many_changes_at_once_are_staged_as_a_whole_tree(stage, project, state):
     m = manager(stage, project, state)
     m.snapshot("before")
@@ -388,6 +389,7 @@ def test_nested_repositories_are_left_out_and_left_alone(stage, project, state):
     assert {repo: folder_bytes(repo / ".git") for repo in nested} == nested
 
 
+@pytest.mark.hardening
 def test_a_folder_that_becomes_a_repository_leaves_the_checkpoints(stage, project, state):
     m = manager(stage, project, state)
     m.snapshot("src is plain")
@@ -399,6 +401,7 @@ def test_a_folder_that_becomes_a_repository_leaves_the_checkpoints(stage, projec
     assert (project / "src" / "app.py").read_text() == "theirs now\n"
 
 
+@pytest.mark.hardening
 def test_a_folder_that_becomes_a_repository_is_named_by_the_rollback(stage, project, state,
                                                                      capsys):
     m = manager(stage, project, state)
@@ -445,6 +448,7 @@ def test_a_folder_replaced_by_a_link_is_restored_and_the_outside_untouched(stage
     assert (project / "src.old" / "app.py").read_text() == "print('hello')\n"
 
 
+@pytest.mark.hardening
 def test_empty_folders_come_back_and_new_ones_go(stage, project, state):
     (project / "logs").mkdir()
     (project / "cache" / "a" / "b").mkdir(parents=True)
@@ -540,6 +544,7 @@ def test_exact_bytes_whatever_the_projects_gitattributes_say(stage, project, sta
     assert tree_state(project) == before
 
 
+@pytest.mark.hardening
 def test_large_files_are_left_out(stage, project, state):
     (project / "vendor").mkdir()
     user_git(project / "vendor", "init", "-q")         # a nested repository beside them
@@ -564,6 +569,7 @@ def test_large_files_are_left_out(stage, project, state):
     assert (project / "big.bin").read_bytes() == b"\1" * (1024 * 1024 + 1)
 
 
+@pytest.mark.hardening
 def test_what_a_checkpoint_left_out_stays_when_it_is_restored(stage, project, state):
     """Left out then and not now: ignored by a .gitignore line removed since, over the size
     limit then, in a nested repository whose .git is gone. Each is in the index now and
@@ -595,6 +601,7 @@ def test_what_a_checkpoint_left_out_stays_when_it_is_restored(stage, project, st
     assert (project / "created.txt").exists() and (project / ".gitignore").read_text() == ""
 
 
+@pytest.mark.hardening
 def test_one_path_left_out_then_is_not_removed(stage, project, state):
     (project / ".gitignore").write_text("*.db\n")
     (project / "local.db").write_text("precious\n")
@@ -614,6 +621,7 @@ def test_one_path_left_out_then_is_not_removed(stage, project, state):
     assert (project / "local.db").read_text() == "precious\n"
 
 
+@pytest.mark.hardening
 def test_a_left_out_record_survives_any_name(stage, project, state):
     names = ['big "quoted".bin', "big\\back.bin", "big\nline.bin", "bïg ✓.bin"]
     for name in names:
@@ -623,6 +631,7 @@ def test_a_left_out_record_survives_any_name(stage, project, state):
     assert sorted(stage.find_checkpoint(m, 1).left_out) == sorted(names)
 
 
+@pytest.mark.hardening
 def test_a_path_in_neither_the_checkpoint_nor_the_project_changes_nothing(stage, project,
                                                                           state):
     (project / ".gitignore").write_text("*.db\n")
@@ -936,6 +945,7 @@ def test_a_write_outside_the_project_takes_no_checkpoint(stage, project, state, 
     assert [c.reason for c in m.list()] == ["before write_file inside.txt"]
 
 
+@pytest.mark.hardening
 def test_write_file_and_patch_never_write_into_a_store(stage, project, state, tmp_path,
                                                       monkeypatch):
     monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
@@ -965,6 +975,7 @@ def test_write_file_and_patch_never_write_into_a_store(stage, project, state, tm
     assert folder_bytes(m.store) == before
 
 
+@pytest.mark.hardening
 def test_a_profile_run_may_not_write_the_base_folders_store(stage, project, state):
     m = manager(stage, project, state)
     m.snapshot("before")

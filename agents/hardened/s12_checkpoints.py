@@ -20,8 +20,8 @@ Reading guide
     Start right below the imports: "[s12] Checkpoints" is this stage's lesson:
     CheckpointManager (snapshot(), list(), diff(), restore(); git() and run()), then when
     a checkpoint is taken: before_change() once per turn, checkpoint_before_change()
-    called by the tools, command_may_change_files(). "[s12] Checkpoint details" is the
-    hardening (git's settings, excludes, nested repositories). Earlier stages follow,
+    called by the tools, command_may_change_files(). "[s12] Checkpoint details" holds
+    git's settings, the excludes, what is left out and the checks. Earlier stages follow,
     then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
     Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool(),
     write_refusal(), protected_roots(), roots_written_by_the_agent() in [s09];
@@ -108,9 +108,9 @@ class Checkpoint(NamedTuple):
     files: int                  # what changed since the checkpoint before it: files,
     added: int                  # lines added
     removed: int                # and lines removed
-    left_out: tuple = ()        # there then, not in it: nested repositories, large and
-                                # ignored files ("node_modules/": a whole folder)
-    empty: tuple = ()           # its empty folders ("logs/"): git stores files only
+    left_out: tuple = ()        # the hardened edition records what was there then, not in
+                                # it: nested repositories, large and ignored files
+    empty: tuple = ()           # and its empty folders ("logs/"): git stores files only
 
     @property
     def short(self) -> str:
@@ -121,10 +121,9 @@ class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
     path: str | None
-    kept: tuple = ()            # folders the checkpoint held that are repositories now:
-
-
-                                # left as they are, and /rollback says so
+    # Folders the checkpoint held that are repositories now: left as they are, and
+    # /rollback says so (the hardened edition: repositories_now()).
+    kept: tuple = ()
 
 
 class CheckpointManager:
@@ -361,15 +360,16 @@ LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
-LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
-EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
-MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
 GIT_OPTION_WITH_VALUE = {"-c", "-C", "--git-dir", "--work-tree", "--namespace"}
 GIT_REWRITES = {"reset", "checkout", "switch", "restore", "clean", "stash", "rm", "mv",
                 "apply", "am", "merge", "rebase", "pull", "revert", "cherry-pick"}
+
+LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # json.dumps()
+EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
+MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 
 
 def project_key(project: Path) -> str:
