@@ -1732,9 +1732,12 @@ class Permissions:
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
-                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset()):
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
+                 yolo_locked: str | None = None):
         self.mode = mode                    # one of APPROVAL_MODES
         self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.yolo_locked = yolo_locked      # s11: the managed file set approvals.yolo: /yolo
+                                            # may not change it (its origin), or None
         self.timeout = timeout              # seconds the prompt waits
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
         self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
@@ -5451,9 +5454,15 @@ def skills_part(prompt: str) -> str:
 
 
 def toggle_yolo(session: Session, argument: str) -> None:
-    """/yolo: YOLO on or off for the current session id only."""
+    """/yolo: YOLO on or off for the current session id only; never for a key that the
+    managed file locked (s11)."""
     context = approval_context()
     permissions = context.permissions
+    if permissions.yolo_locked:
+        console.print(Text(f"YOLO is locked by the managed configuration "
+                           f"({permissions.yolo_locked}); /yolo cannot change it",
+                           style="yellow"))
+        return
     if context.yolo_source() and session.session_id not in permissions.session_yolo:
         console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
                            f"cannot turn that off", style="yellow"))
@@ -5742,7 +5751,15 @@ def permissions_from_config(config: Config) -> Permissions:
     yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
     return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
                        config["write_root"], tuple(config["approvals.deny"]),
-                       frozenset(config["command_allowlist"]))
+                       frozenset(config["command_allowlist"]),
+                       managed_lock(config, "approvals.yolo"))
+
+
+def managed_lock(config: Config, key: str) -> str | None:
+    """Where the managed file set `key` (it is locked: no flag, variable or REPL command
+    may change it), or None."""
+    origin = config.origin(key)
+    return origin if origin.startswith("managed:") else None
 
 
 def delegation_settings_from_config(config: Config) -> DelegationSettings:

@@ -857,17 +857,6 @@ def start_with(config: Config) -> None:
         os.environ["LEARN_HERMES_HOME"] = str(config.home)  # commands see the same home
 
 
-#: teaching
-def permissions_from_config(config: Config) -> Permissions:
-    """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
-    read once by the chain, so a later change of os.environ cannot loosen it."""
-    yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
-    return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
-                       config["write_root"], tuple(config["approvals.deny"]),
-                       frozenset(config["command_allowlist"]))
-
-
-#: hardened
 def permissions_from_config(config: Config) -> Permissions:
     """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
     read once by the chain, so a later change of os.environ cannot loosen it."""
@@ -878,7 +867,6 @@ def permissions_from_config(config: Config) -> Permissions:
                        managed_lock(config, "approvals.yolo"))
 
 
-#: hardened
 def managed_lock(config: Config, key: str) -> str | None:
     """Where the managed file set `key` (it is locked: no flag, variable or REPL command
     may change it), or None."""
@@ -1063,7 +1051,6 @@ def protected_roots() -> list[str]:
     return [*files, f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home)]
 
 
-#: hardened
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only; never for a key that the
     managed file locked (s11)."""
@@ -1148,56 +1135,6 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
-#: teaching
-class Permissions:
-    """The approval policy of one running agent, fixed by main() at start-up (nothing
-    read later can loosen it), and what was approved in each session."""
-
-    def __init__(self, mode: str = "manual", yolo_source: str | None = None,
-                 timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
-                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset()):
-        self.mode = mode                    # one of APPROVAL_MODES
-        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
-        self.timeout = timeout              # seconds the prompt waits
-        self.write_root = write_root        # write_file/patch stay inside it (resolved)
-        self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
-        self.config_allowlist = config_allowlist    # s11: command_allowlist's finding keys
-        self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
-        self.session_approved: dict = {}    # session id -> finding keys answered "session"
-        self.warned: set = set()            # allowlist problems reported already
-        self.lock = threading.Lock()        # s10's children share this object
-        path = allowlist_path()             # allowlist.json as this run found it
-        self.allowlist_seen: dict = {str(path): allowlist_fingerprint(path)}
-
-    def approved_in(self, session_id) -> set:
-        """No session id, no session approvals: callers without one share nothing."""
-        with self.lock:
-            return set(self.session_approved.get(session_id, ())) if session_id else set()
-
-    def approve_in(self, session_id, keys) -> None:
-        if session_id:
-            with self.lock:
-                self.session_approved.setdefault(session_id, set()).update(keys)
-
-    def allowlist_unchanged(self, path: Path) -> bool:
-        """Is allowlist.json as the agent itself last read or saved it? Once it is not,
-        False for the rest of this run, with one warning: only a restart trusts it again."""
-        now = allowlist_fingerprint(path)
-        with self.lock:
-            seen = self.allowlist_seen.setdefault(str(path), now)
-            if seen == now:
-                return True
-            self.allowlist_seen[str(path)] = ALLOWLIST_CHANGED
-        if seen != ALLOWLIST_CHANGED:
-            show_approval_note(f"warning: {path.parent}/{ALLOWLIST_CHANGED}")
-        return False
-
-    def saved_allowlist(self, path: Path) -> None:
-        with self.lock:
-            self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
-
-
-#: hardened
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
     read later can loosen it), and what was approved in each session."""

@@ -315,7 +315,6 @@ def test_the_managed_file_locks_its_keys_with_one_warning_per_override(stage, ho
     assert config.files == [home / "config.yaml", managed]
 
 
-@pytest.mark.hardening
 @pytest.mark.parametrize("locked", ["false", "true"])
 def test_yolo_in_the_repl_honours_the_managed_lock(stage, home, work, tmp_path, locked):
     """The managed file locks approvals.yolo: --yolo is ignored with a warning, and /yolo
