@@ -1447,8 +1447,8 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
-SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
+SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
