@@ -4,8 +4,7 @@
 What this stage adds
     From the model's first answer on, every message is saved to SQLite the moment it
     is appended, so a session can be resumed exactly (--resume ID, --continue,
-    /resume), tool-call pairing intact. A full-text index (FTS5, or a LIKE search
-    where SQLite lacks FTS5 or the words are Chinese, Japanese or Korean) backs the
+    /resume), tool-call pairing intact. A full-text index (SQLite's FTS5) backs the
     session_search tool, which searches earlier sessions, never the current one, and
     labels what it finds as history. A broken database gives one warning; the agent
     keeps working without saving.
@@ -18,11 +17,11 @@ What this stage adds
 Reading guide
     Start right below the imports: "[s03] Session store" is this stage's lesson:
     SessionStore, then RecordedMessages (how every message is saved as it is appended)
-    and session_search(). "[s03] Session store details" is the hardening (the LIKE
-    fallback, CJK words, opening a broken database). Earlier stages follow, newest
-    first; the command line, the REPL (/sessions and /resume are under "[s03] Session
-    commands") and the offline model come last, and the wiring at the very end
-    registers the session_search tool.
+    and session_search(). "[s03] Session store details" holds their helpers (what is
+    indexed, opening a broken database). Earlier stages follow, newest first; the
+    command line, the REPL (/sessions and /resume are under "[s03] Session commands")
+    and the offline model come last, and the wiring at the very end registers the
+    session_search tool.
     Changed in earlier stages' sections: none; and 10 definitions of the plumbing (python
     course/build.py --changes s03 lists them all).
 Run
@@ -38,7 +37,6 @@ from __future__ import annotations
 import argparse
 import codecs
 import fnmatch
-import itertools
 import json
 import os
 import re
@@ -95,26 +93,19 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
-SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
-
-
 def new_session_id() -> str:
-    """The time to the second (ids sort by age), 4 random hex digits (told apart from
-    another process's) and this process's running number: one process never makes the
-    same id twice, not even thousands in one second (s10 starts children at once)."""
-    return (time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
-            + f"{next(SESSION_NUMBERS):04x}")
+    """The time to the second (ids sort by age) and 8 random hex digits (told apart from
+    another session started in the same second)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(4).hex()
 
 
 class SessionStore:
-    """Sessions and their messages in SQLite (WAL), with a full-text index when the
-    SQLite build has FTS5 and a LIKE search when it does not."""
+    """Sessions and their messages in SQLite (WAL), with an FTS5 full-text index."""
 
     def __init__(self, path: Path, use_fts: bool = True):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=SQLITE_TIMEOUT)
-        self.db.create_function("casefold", 1, casefold, deterministic=True)
         self.db.execute("PRAGMA journal_mode=WAL")
         # In WAL mode NORMAL is safe: a power cut may lose the last messages but never
         # corrupts the database, and a save no longer waits for the disk (~7 ms each).
@@ -126,7 +117,7 @@ class SessionStore:
         try:
             self.db.execute(FTS_SCHEMA)
             return True
-        except sqlite3.OperationalError:        # SQLite built without FTS5
+        except sqlite3.OperationalError:        # SQLite built without FTS5: no search
             return False
 
     def close(self) -> None:
@@ -191,9 +182,9 @@ class SessionStore:
         words = search_words(query)
         if not words:
             raise ValueError("the query has no words to search for")
-        use_index = self.has_fts and not CJK_CHARACTER.search(query)
-        rows = self._search_fts(words, limit, exclude_session) if use_index \
-            else self._search_like(words, limit, exclude_session)
+        if not self.has_fts:
+            raise ValueError("this Python's SQLite has no FTS5 full-text index")
+        rows = self._search_fts(words, limit, exclude_session)
         return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
                  "title": title, "role": role, "snippet": snippet}
                 for sid, t, title, role, snippet in rows]
@@ -207,20 +198,6 @@ class SessionStore:
             "JOIN sessions s ON s.id = m.session_id "
             "WHERE messages_fts MATCH ? AND s.id IS NOT ? ORDER BY rank LIMIT ?",
             (match, exclude_session, limit)).fetchall()
-
-    def _search_like(self, words, limit, exclude_session):
-        """A scan of every message: slower than the index, but it needs no FTS5 and
-        finds a word anywhere, also inside unspaced text."""
-        escaped = [casefold(word).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-                   for word in words]
-        where = " AND ".join("casefold(m.content) LIKE ? ESCAPE '\\'" for _ in escaped)
-        rows = self.db.execute(
-            f"SELECT s.id, s.started_at, s.title, m.role, m.content FROM messages m "
-            f"JOIN sessions s ON s.id = m.session_id "
-            f"WHERE {where} AND m.searchable = 1 AND s.id IS NOT ? "
-            f"ORDER BY m.id DESC LIMIT ?",
-            [f"%{word}%" for word in escaped] + [exclude_session, limit]).fetchall()
-        return [(*row[:4], like_snippet(row[4], words[0])) for row in rows]
 
 
 class RecordedMessages(list):
@@ -294,28 +271,6 @@ def is_searchable(message: dict) -> bool:
 def search_words(query: str) -> list[str]:
     """Only words survive: FTS syntax (quotes, AND, NEAR, *, parentheses) can't break a query."""
     return re.findall(r"\w+", query)
-
-
-# Chinese and Japanese are written without spaces (and Korean glues endings onto
-# words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
-# as one long word and never finds 数据库 inside it. Such queries scan with LIKE.
-CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-                           "\uf900-\ufaff\U00020000-\U0002ffff]")
-
-
-def casefold(text):
-    """SQL casefold(): SQLite's LIKE ignores case only for A-Z; this folds every
-    script, so a LIKE search for миграция also finds Миграция."""
-    return text.casefold() if isinstance(text, str) else text
-
-
-def like_snippet(text: str, word: str, width: int = 60) -> str:
-    """About `width` characters of text around the first match."""
-    at = max(text.lower().find(word.lower()), 0)
-    start = max(at - width // 2, 0)
-    before = "…" if start else ""
-    after = "…" if start + width < len(text) else ""
-    return before + text[start:start + width] + after
 
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
@@ -1226,11 +1181,10 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"\nResuming {first.session_id}: the exact messages come back.",
                                style="bold"))
             resume_session(second, first.session_id)
+            roles = " ".join(message["role"] for message in second.messages)
             console.print(Text(f"same list as before: {second.messages == first.messages}; "
-                               f"roles: {' '.join(m['role'] for m in second.messages)}", style="dim"))
+                               f"roles: {roles}", style="dim"))
             demo_say(second, "$ cat plan.txt")
-            console.print(Text("\nWithout FTS5, a search falls back to LIKE:", style="bold"))
-            demo_say(demo_session(session, open_store(path, use_fts=False)), "search launch code")
             console.print(Text("\nA corrupt database: one warning, and the agent keeps working.",
                                style="bold"))
             broken = Path(home) / "broken.db"
@@ -1256,7 +1210,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
@@ -1405,7 +1360,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -1421,7 +1377,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;

@@ -45,7 +45,6 @@ import email.utils
 import fnmatch
 import hashlib
 import html
-import itertools
 import json
 import os
 import platform
@@ -1483,26 +1482,19 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
-SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
-
-
 def new_session_id() -> str:
-    """The time to the second (ids sort by age), 4 random hex digits (told apart from
-    another process's) and this process's running number: one process never makes the
-    same id twice, not even thousands in one second (s10 starts children at once)."""
-    return (time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
-            + f"{next(SESSION_NUMBERS):04x}")
+    """The time to the second (ids sort by age) and 8 random hex digits (told apart from
+    another session started in the same second)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(4).hex()
 
 
 class SessionStore:
-    """Sessions and their messages in SQLite (WAL), with a full-text index when the
-    SQLite build has FTS5 and a LIKE search when it does not."""
+    """Sessions and their messages in SQLite (WAL), with an FTS5 full-text index."""
 
     def __init__(self, path: Path, use_fts: bool = True):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=SQLITE_TIMEOUT)
-        self.db.create_function("casefold", 1, casefold, deterministic=True)
         self.db.execute("PRAGMA journal_mode=WAL")
         # In WAL mode NORMAL is safe: a power cut may lose the last messages but never
         # corrupts the database, and a save no longer waits for the disk (~7 ms each).
@@ -1514,7 +1506,7 @@ class SessionStore:
         try:
             self.db.execute(FTS_SCHEMA)
             return True
-        except sqlite3.OperationalError:        # SQLite built without FTS5
+        except sqlite3.OperationalError:        # SQLite built without FTS5: no search
             return False
 
     def close(self) -> None:
@@ -1579,9 +1571,9 @@ class SessionStore:
         words = search_words(query)
         if not words:
             raise ValueError("the query has no words to search for")
-        use_index = self.has_fts and not CJK_CHARACTER.search(query)
-        rows = self._search_fts(words, limit, exclude_session) if use_index \
-            else self._search_like(words, limit, exclude_session)
+        if not self.has_fts:
+            raise ValueError("this Python's SQLite has no FTS5 full-text index")
+        rows = self._search_fts(words, limit, exclude_session)
         return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
                  "title": title, "role": role, "snippet": snippet}
                 for sid, t, title, role, snippet in rows]
@@ -1595,20 +1587,6 @@ class SessionStore:
             "JOIN sessions s ON s.id = m.session_id "
             "WHERE messages_fts MATCH ? AND s.id IS NOT ? ORDER BY rank LIMIT ?",
             (match, exclude_session, limit)).fetchall()
-
-    def _search_like(self, words, limit, exclude_session):
-        """A scan of every message: slower than the index, but it needs no FTS5 and
-        finds a word anywhere, also inside unspaced text."""
-        escaped = [casefold(word).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-                   for word in words]
-        where = " AND ".join("casefold(m.content) LIKE ? ESCAPE '\\'" for _ in escaped)
-        rows = self.db.execute(
-            f"SELECT s.id, s.started_at, s.title, m.role, m.content FROM messages m "
-            f"JOIN sessions s ON s.id = m.session_id "
-            f"WHERE {where} AND m.searchable = 1 AND s.id IS NOT ? "
-            f"ORDER BY m.id DESC LIMIT ?",
-            [f"%{word}%" for word in escaped] + [exclude_session, limit]).fetchall()
-        return [(*row[:4], like_snippet(row[4], words[0])) for row in rows]
 
 
 class RecordedMessages(list):
@@ -1683,28 +1661,6 @@ def is_searchable(message: dict) -> bool:
 def search_words(query: str) -> list[str]:
     """Only words survive: FTS syntax (quotes, AND, NEAR, *, parentheses) can't break a query."""
     return re.findall(r"\w+", query)
-
-
-# Chinese and Japanese are written without spaces (and Korean glues endings onto
-# words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
-# as one long word and never finds 数据库 inside it. Such queries scan with LIKE.
-CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-                           "\uf900-\ufaff\U00020000-\U0002ffff]")
-
-
-def casefold(text):
-    """SQL casefold(): SQLite's LIKE ignores case only for A-Z; this folds every
-    script, so a LIKE search for миграция also finds Миграция."""
-    return text.casefold() if isinstance(text, str) else text
-
-
-def like_snippet(text: str, word: str, width: int = 60) -> str:
-    """About `width` characters of text around the first match."""
-    at = max(text.lower().find(word.lower()), 0)
-    start = max(at - width // 2, 0)
-    before = "…" if start else ""
-    after = "…" if start + width < len(text) else ""
-    return before + text[start:start + width] + after
 
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
@@ -2827,7 +2783,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -2843,7 +2800,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;

@@ -9590,7 +9590,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -9606,7 +9607,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;
