@@ -1260,8 +1260,9 @@ def matching_lines(regex, file: Path):
     try:
         with open(file, encoding="utf-8", errors="replace") as lines:
             for number, line in enumerate(lines, start=1):
+                line = line.rstrip("\n")       # so `$` and `\s` see the line as read_file shows it
                 if regex.search(line):
-                    yield number, line.rstrip("\n")[:200]
+                    yield number, line[:200]
     except OSError:                         # a broken link or an unreadable file
         return
 
