@@ -1663,6 +1663,14 @@ def search_words(query: str) -> list[str]:
     return re.findall(r"\w+", query)
 
 
+# Chinese and Japanese are written without spaces (and Korean glues endings onto
+# words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
+# as one long word and never finds 数据库 inside it. Not used here: the hardened edition
+# scans such queries with LIKE, and a chapter exercise (s05) counts their tokens.
+CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+                           "\uf900-\ufaff\U00020000-\U0002ffff]")
+
+
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
     """A store, or None with one warning: a broken database must not stop the agent."""
     try:
