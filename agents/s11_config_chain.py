@@ -48,7 +48,6 @@ import fnmatch
 import glob
 import hashlib
 import html
-import itertools
 import json
 import math
 import os
@@ -3259,26 +3258,19 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
-SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
-
-
 def new_session_id() -> str:
-    """The time to the second (ids sort by age), 4 random hex digits (told apart from
-    another process's) and this process's running number: one process never makes the
-    same id twice, not even thousands in one second (s10 starts children at once)."""
-    return (time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
-            + f"{next(SESSION_NUMBERS):04x}")
+    """The time to the second (ids sort by age) and 8 random hex digits (told apart from
+    another session started in the same second)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(4).hex()
 
 
 class SessionStore:
-    """Sessions and their messages in SQLite (WAL), with a full-text index when the
-    SQLite build has FTS5 and a LIKE search when it does not."""
+    """Sessions and their messages in SQLite (WAL), with an FTS5 full-text index."""
 
     def __init__(self, path: Path, use_fts: bool = True):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=SQLITE_TIMEOUT)
-        self.db.create_function("casefold", 1, casefold, deterministic=True)
         self.db.execute("PRAGMA journal_mode=WAL")
         # In WAL mode NORMAL is safe: a power cut may lose the last messages but never
         # corrupts the database, and a save no longer waits for the disk (~7 ms each).
@@ -3290,7 +3282,7 @@ class SessionStore:
         try:
             self.db.execute(FTS_SCHEMA)
             return True
-        except sqlite3.OperationalError:        # SQLite built without FTS5
+        except sqlite3.OperationalError:        # SQLite built without FTS5: no search
             return False
 
     def close(self) -> None:
@@ -3355,9 +3347,9 @@ class SessionStore:
         words = search_words(query)
         if not words:
             raise ValueError("the query has no words to search for")
-        use_index = self.has_fts and not CJK_CHARACTER.search(query)
-        rows = self._search_fts(words, limit, exclude_session) if use_index \
-            else self._search_like(words, limit, exclude_session)
+        if not self.has_fts:
+            raise ValueError("this Python's SQLite has no FTS5 full-text index")
+        rows = self._search_fts(words, limit, exclude_session)
         return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
                  "title": title, "role": role, "snippet": snippet}
                 for sid, t, title, role, snippet in rows]
@@ -3371,20 +3363,6 @@ class SessionStore:
             "JOIN sessions s ON s.id = m.session_id "
             "WHERE messages_fts MATCH ? AND s.id IS NOT ? ORDER BY rank LIMIT ?",
             (match, exclude_session, limit)).fetchall()
-
-    def _search_like(self, words, limit, exclude_session):
-        """A scan of every message: slower than the index, but it needs no FTS5 and
-        finds a word anywhere, also inside unspaced text."""
-        escaped = [casefold(word).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-                   for word in words]
-        where = " AND ".join("casefold(m.content) LIKE ? ESCAPE '\\'" for _ in escaped)
-        rows = self.db.execute(
-            f"SELECT s.id, s.started_at, s.title, m.role, m.content FROM messages m "
-            f"JOIN sessions s ON s.id = m.session_id "
-            f"WHERE {where} AND m.searchable = 1 AND s.id IS NOT ? "
-            f"ORDER BY m.id DESC LIMIT ?",
-            [f"%{word}%" for word in escaped] + [exclude_session, limit]).fetchall()
-        return [(*row[:4], like_snippet(row[4], words[0])) for row in rows]
 
 
 class RecordedMessages(list):
@@ -3463,24 +3441,10 @@ def search_words(query: str) -> list[str]:
 
 # Chinese and Japanese are written without spaces (and Korean glues endings onto
 # words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
-# as one long word and never finds 数据库 inside it. Such queries scan with LIKE.
+# as one long word and never finds 数据库 inside it. Not used here: the hardened edition
+# scans such queries with LIKE, and a chapter exercise (s05) counts their tokens.
 CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
                            "\uf900-\ufaff\U00020000-\U0002ffff]")
-
-
-def casefold(text):
-    """SQL casefold(): SQLite's LIKE ignores case only for A-Z; this folds every
-    script, so a LIKE search for миграция also finds Миграция."""
-    return text.casefold() if isinstance(text, str) else text
-
-
-def like_snippet(text: str, word: str, width: int = 60) -> str:
-    """About `width` characters of text around the first match."""
-    at = max(text.lower().find(word.lower()), 0)
-    start = max(at - width // 2, 0)
-    before = "…" if start else ""
-    after = "…" if start + width < len(text) else ""
-    return before + text[start:start + width] + after
 
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
@@ -3622,7 +3586,6 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
-SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 
 
@@ -3688,9 +3651,9 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
 
 
 def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
+    """Regex search: `file:line: text` for each match, capped at MAX_SEARCH_MATCHES."""
     try:
-        re.compile(pattern)                 # a clear error now, before the worker starts
+        regex = re.compile(pattern)
     except re.error as exc:
         return error_result(f"invalid regular expression: {exc}")
     root = tool_path(path)
@@ -3699,17 +3662,14 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
-    deadline = time.monotonic() + SEARCH_TIMEOUT
-    try:
-        files = [root] if root.is_file() else list(searchable_files(root, glob, deadline))
-    except TimeoutError:                    # a folder too big to walk in time
-        return search_timeout_error()
-    found = run_search_worker(pattern, files, deadline) if files else []
-    if found is None:
-        return search_timeout_error()
-    matches = [f"{files[index]}:{number}: {text}" for index, number, text in found]
-    return json.dumps({"matches": matches, "truncated": len(matches) >= MAX_SEARCH_MATCHES},
-                      ensure_ascii=False)
+    files = [root] if root.is_file() else searchable_files(root, glob)
+    matches = []
+    for file in files:
+        for number, text in matching_lines(regex, file):
+            matches.append(f"{file}:{number}: {text}")
+            if len(matches) >= MAX_SEARCH_MATCHES:
+                return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
+    return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
 
 
 def classify_tool_result(name: str, result: str) -> str:
@@ -3775,39 +3735,25 @@ def parse_result(result: str) -> dict | None:
 
 def tool_path(path: str) -> Path:
     """The path a tool was given; a leading ~ means the home folder, as in a shell."""
-    try:
-        return Path(path).expanduser()
-    except RuntimeError:                    # no home folder is known: take it literally
-        return Path(path)
+    return Path(path).expanduser()
 
 
 def write_text_atomically(target: Path, text: str) -> int:
     """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
-
-    The text is encoded before anything is touched (a lone surrogate fails here), written
-    to a temporary file in the same folder, flushed to the disk, given the old file's
-    permissions and renamed over the target. A rename within one folder is atomic, so a
-    reader, a crash or a full disk sees the whole old file or the whole new one, never half.
-    """
-    data = text.encode("utf-8")
+    A temporary file in the same folder is renamed over the target: a rename is atomic,
+    so a crash or a full disk leaves the whole old file or the whole new one."""
+    data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
-    if target.exists() and not target.is_file():
-        # A FIFO or a device such as /dev/null: the rename would replace it with a plain file.
-        raise ValueError("not a regular file (a FIFO, a device or a socket); left as it is")
-    try:
-        mode = target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = None                         # a new file: the umask decides, as for open()
+    mode = target.stat().st_mode & 0o7777 if target.exists() else None
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
-    file = open(temporary, "xb")            # "x": fail rather than reuse an existing file
     try:
-        with file:
+        with open(temporary, "xb") as file:
             file.write(data)
             file.flush()
-            os.fsync(file.fileno())
+            os.fsync(file.fileno())         # on the disk before the rename makes it the file
         if mode is not None:
-            os.chmod(temporary, mode)
+            os.chmod(temporary, mode)       # a script stays executable
         os.replace(temporary, target)
     except BaseException:                   # Ctrl-C too: leave no temporary file behind
         temporary.unlink(missing_ok=True)
@@ -3816,18 +3762,11 @@ def write_text_atomically(target: Path, text: str) -> int:
 
 
 def bounded_lines(file):
-    """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
-    with no newline at all (a minified bundle, a sparse file) is never read whole."""
-    while line := file.readline(MAX_LINE_CHARS):
-        if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
-            skipped = 0
-            while rest := file.readline(MAX_LINE_CHARS):
-                skipped += len(rest.rstrip("\n"))
-                if rest.endswith("\n"):
-                    break
-            if skipped:
-                line += f" … [{skipped} characters of this line cut]"
-        yield line.rstrip("\n")
+    """The file's lines, each cut to MAX_LINE_CHARS: the model needs no more of a line."""
+    for line in file:
+        line = line.rstrip("\n")
+        cut = len(line) - MAX_LINE_CHARS
+        yield line[:MAX_LINE_CHARS] + (f" … [{cut} characters of this line cut]" if cut > 0 else "")
 
 
 def glob_matches(relative: Path, glob: str) -> bool:
@@ -3835,105 +3774,34 @@ def glob_matches(relative: Path, glob: str) -> bool:
     path below the search root, `**` standing for any number of folders, even none."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
-    pieces = []
-    for piece in glob.split("/"):
-        if piece in ("", ".") or (piece == "**" and pieces[-1:] == ["**"]):
-            continue                        # "**/**" means "**": one is enough
-        pieces.append(piece)
-    # Every place in the glob that the folders seen so far can have reached. Following
-    # all of them at once, instead of trying one and backtracking, keeps this linear.
-    reached = after_double_stars({0}, pieces)
-    for part in relative.parts:
-        moved = set()
-        for place in reached:
-            if place < len(pieces) and fnmatch.fnmatch(part, pieces[place]):
-                # "**" swallows this folder and may swallow more; other pieces are used up
-                moved.add(place if pieces[place] == "**" else place + 1)
-        reached = after_double_stars(moved, pieces)
-    return len(pieces) in reached
+    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
+    regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
+    regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+    return re.fullmatch(regex, relative.as_posix()) is not None
 
 
-def after_double_stars(reached: set, pieces: list) -> set:
-    """`**` may match no folder at all, so standing before it is standing after it too."""
-    extended = set(reached)
-    for place in reached:
-        while place < len(pieces) and pieces[place] == "**":
-            place += 1
-            extended.add(place)
-    return extended
-
-
-def searchable_files(root: Path, glob: str | None, deadline: float):
-    """Regular files below `root` that `glob` matches. Raises TimeoutError once the
-    deadline (a time.monotonic() value) has passed: the clock is read for every folder
-    and every file, because a glob that matches nothing never hands back a file."""
+def searchable_files(root: Path, glob: str | None):
+    """Regular files below `root` that `glob` matches (a FIFO would block a read forever)."""
     for folder, dirs, files in os.walk(root):
-        if time.monotonic() > deadline:     # a tree of many empty folders
-            raise TimeoutError
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for name in sorted(files):
-            if time.monotonic() > deadline:  # a glob that matches none of the files
-                raise TimeoutError
             file = Path(folder) / name
             if glob is not None and not glob_matches(file.relative_to(root), glob):
                 continue
-            try:                            # regular files only: a FIFO would block forever
-                if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
-                    yield file
-            except OSError:                 # a broken link or an unreadable file
-                continue
+            if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
+                yield file
 
 
-def search_timeout_error() -> str:
-    return error_result(f"search_files stopped after {SEARCH_TIMEOUT} s: the pattern may "
-                        f"backtrack badly (a repeat inside a repeat, like (a+)+) or the "
-                        f"folder is very large; simplify the pattern or narrow path or glob")
-
-
-# Why a separate process: Python's `re` cannot be stopped from outside. `^(a+)+$` on a
-# line of 40 a's and a b tries about 2**40 ways, all inside one call, so a clock checked
-# between lines never gets a turn, and a cap on line length does not help (2**200 is no
-# better). A process can be killed, so the regex runs in this small worker (standard
-# library only, about 40 ms to start) and the deadline ends it, however bad the pattern.
-SEARCH_WORKER = r"""
-import json, re, sys
-
-def search(pattern, files, limit):
-    regex, found = re.compile(pattern), []
-    for index, name in enumerate(files):
-        try:
-            # Lines as read_file() numbers them: only \n, \r\n or \r ends one, not the
-            # form feeds and separators that str.splitlines() also splits on.
-            with open(name, encoding="utf-8", errors="replace") as file:
-                for number, line in enumerate(file, start=1):
-                    line = line.rstrip("\n")
-                    if regex.search(line):
-                        found.append([index, number, line[:200]])
-                        if len(found) >= limit:
-                            return found
-        except OSError:
-            continue
-    return found
-
-request = json.load(sys.stdin)
-json.dump(search(request["pattern"], request["files"], request["limit"]), sys.stdout)
-"""
-
-
-def run_search_worker(pattern: str, files: list, deadline: float) -> list | None:
-    """[file index, line number, line] for each match, or None if the deadline passed."""
-    request = json.dumps({"pattern": pattern, "files": [str(file) for file in files],
-                          "limit": MAX_SEARCH_MATCHES})      # ASCII: odd file names survive
+def matching_lines(regex, file: Path):
+    """(line number, line) for each line that matches; lines numbered as read_file does."""
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH_WORKER],
-                              input=request, capture_output=True, text=True, encoding="utf-8",
-                              errors="replace", timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:       # run() has killed the worker already
-        return None
-    if done.returncode != 0:                # its last line names the exception
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the search worker failed: {last[:200]}")
-    return json.loads(done.stdout)
+        with open(file, encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):
+                line = line.rstrip("\n")       # so `$` and `\s` see the line as read_file shows it
+                if regex.search(line):
+                    yield number, line[:200]
+    except OSError:                         # a broken link or an unreadable file
+        return
 
 
 def tool_may_have_side_effect(name: str) -> bool:
@@ -4707,7 +4575,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -4723,7 +4592,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;

@@ -22,6 +22,41 @@ Reading guide
     stage's lesson: ToolEntry, ToolRegistry, then validate_tool_call() (run_tool_calls()
     in "[s01] The agent loop" calls it). Then "[s02] File tools and result
     classification": read_file(), write_file(), patch(), search_files(),
+    classify_tool_result(), and their helpers in "[s02] File tool details" (atomic
+    writes, globs). The s01 sections follow; the command line, the REPL (/tools is under
+    "[s02] Tool commands") and the offline model come last, and the wiring at the very
+    end builds the registry.
+    {changed elsewhere}
+Run
+    python agents/s02_tool_registry.py                 # REPL (offline model without a key)
+    python agents/s02_tool_registry.py --demo          # the walk-through
+    python agents/s02_tool_registry.py --disable-toolsets file -p '$ ls'
+Chapter
+    docs/en/s02-tool-registry.md
+"""
+
+#: docstring | hardened
+"""s02 · Tool registry — tools as data, and the door every tool call passes.
+
+What this stage adds
+    Tools become entries in a registry (name, toolset, JSON schema, handler, an optional
+    availability check, whether it changes state). The model is offered only tools whose
+    toolset is enabled and whose check passes. Every call first passes the validation
+    door: unknown names, arguments that are not a JSON object, and unexpected, missing
+    or mistyped argument names get a precise error instead of reaching a handler. Three
+    turns in a row with nothing but invalid calls end the turn. File tools return
+    results that say exactly what landed.
+
+    model ──tool calls──▶ [s02] validation door ──valid──▶ registry.dispatch ──▶ handler
+                               │ unknown name / bad JSON / wrong arguments
+                               ▼
+                          error result (one per call)    3 all-invalid turns ─▶ stop
+
+Reading guide
+    Start right below the imports: "[s02] Tool registry and the validation door" is this
+    stage's lesson: ToolEntry, ToolRegistry, then validate_tool_call() (run_tool_calls()
+    in "[s01] The agent loop" calls it). Then "[s02] File tools and result
+    classification": read_file(), write_file(), patch(), search_files(),
     classify_tool_result(). "[s02] File tool details" is the hardening (atomic writes,
     globs, the search deadline). The s01 sections follow; the command line, the REPL
     (/tools is under "[s02] Tool commands") and the offline model come last, and the
@@ -179,8 +214,9 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
-SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
+#: hardened
+SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
@@ -240,6 +276,30 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
                       ensure_ascii=False)
 
 
+#: teaching
+def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
+    """Regex search: `file:line: text` for each match, capped at MAX_SEARCH_MATCHES."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        return error_result(f"invalid regular expression: {exc}")
+    root = tool_path(path)
+    if not root.exists():
+        return error_result(f"no such path: {path}")
+    if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
+        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
+                            f"read it in parts with read_file")
+    files = [root] if root.is_file() else searchable_files(root, glob)
+    matches = []
+    for file in files:
+        for number, text in matching_lines(regex, file):
+            matches.append(f"{file}:{number}: {text}")
+            if len(matches) >= MAX_SEARCH_MATCHES:
+                return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
+    return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
+
+
+#: hardened
 def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
     try:
@@ -326,6 +386,13 @@ def parse_result(result: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+#: teaching
+def tool_path(path: str) -> Path:
+    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
+    return Path(path).expanduser()
+
+
+#: hardened
 def tool_path(path: str) -> Path:
     """The path a tool was given; a leading ~ means the home folder, as in a shell."""
     try:
@@ -334,6 +401,31 @@ def tool_path(path: str) -> Path:
         return Path(path)
 
 
+#: teaching
+def write_text_atomically(target: Path, text: str) -> int:
+    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
+    A temporary file in the same folder is renamed over the target: a rename is atomic,
+    so a crash or a full disk leaves the whole old file or the whole new one."""
+    data = text.encode("utf-8")             # a lone surrogate fails here, before any change
+    target = target.resolve()               # through a symbolic link, as open() would go
+    mode = target.stat().st_mode & 0o7777 if target.exists() else None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(temporary, "xb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())         # on the disk before the rename makes it the file
+        if mode is not None:
+            os.chmod(temporary, mode)       # a script stays executable
+        os.replace(temporary, target)
+    except BaseException:                   # Ctrl-C too: leave no temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
+    return len(data)
+
+
+#: hardened
 def write_text_atomically(target: Path, text: str) -> int:
     """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
 
@@ -368,6 +460,16 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 
+#: teaching
+def bounded_lines(file):
+    """The file's lines, each cut to MAX_LINE_CHARS: the model needs no more of a line."""
+    for line in file:
+        line = line.rstrip("\n")
+        cut = len(line) - MAX_LINE_CHARS
+        yield line[:MAX_LINE_CHARS] + (f" … [{cut} characters of this line cut]" if cut > 0 else "")
+
+
+#: hardened
 def bounded_lines(file):
     """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
     with no newline at all (a minified bundle, a sparse file) is never read whole."""
@@ -383,6 +485,19 @@ def bounded_lines(file):
         yield line.rstrip("\n")
 
 
+#: teaching
+def glob_matches(relative: Path, glob: str) -> bool:
+    """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
+    path below the search root, `**` standing for any number of folders, even none."""
+    if "/" not in glob:
+        return fnmatch.fnmatch(relative.name, glob)
+    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
+    regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
+    regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+    return re.fullmatch(regex, relative.as_posix()) is not None
+
+
+#: hardened
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
     path below the search root, `**` standing for any number of folders, even none."""
@@ -406,6 +521,7 @@ def glob_matches(relative: Path, glob: str) -> bool:
     return len(pieces) in reached
 
 
+#: hardened
 def after_double_stars(reached: set, pieces: list) -> set:
     """`**` may match no folder at all, so standing before it is standing after it too."""
     extended = set(reached)
@@ -416,6 +532,33 @@ def after_double_stars(reached: set, pieces: list) -> set:
     return extended
 
 
+#: teaching
+def searchable_files(root: Path, glob: str | None):
+    """Regular files below `root` that `glob` matches (a FIFO would block a read forever)."""
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        for name in sorted(files):
+            file = Path(folder) / name
+            if glob is not None and not glob_matches(file.relative_to(root), glob):
+                continue
+            if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
+                yield file
+
+
+#: teaching
+def matching_lines(regex, file: Path):
+    """(line number, line) for each line that matches; lines numbered as read_file does."""
+    try:
+        with open(file, encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):
+                line = line.rstrip("\n")       # so `$` and `\s` see the line as read_file shows it
+                if regex.search(line):
+                    yield number, line[:200]
+    except OSError:                         # a broken link or an unreadable file
+        return
+
+
+#: hardened
 def searchable_files(root: Path, glob: str | None, deadline: float):
     """Regular files below `root` that `glob` matches. Raises TimeoutError once the
     deadline (a time.monotonic() value) has passed: the clock is read for every folder
@@ -437,12 +580,14 @@ def searchable_files(root: Path, glob: str | None, deadline: float):
                 continue
 
 
+#: hardened
 def search_timeout_error() -> str:
     return error_result(f"search_files stopped after {SEARCH_TIMEOUT} s: the pattern may "
                         f"backtrack badly (a repeat inside a repeat, like (a+)+) or the "
                         f"folder is very large; simplify the pattern or narrow path or glob")
 
 
+#: hardened
 # Why a separate process: Python's `re` cannot be stopped from outside. `^(a+)+$` on a
 # line of 40 a's and a b tries about 2**40 ways, all inside one call, so a clock checked
 # between lines never gets a turn, and a cap on line length does not help (2**200 is no
@@ -473,6 +618,7 @@ json.dump(search(request["pattern"], request["files"], request["limit"]), sys.st
 """
 
 
+#: hardened
 def run_search_worker(pattern: str, files: list, deadline: float) -> list | None:
     """[file index, line number, line] for each match, or None if the deadline passed."""
     request = json.dumps({"pattern": pattern, "files": [str(file) for file in files],
@@ -697,7 +843,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

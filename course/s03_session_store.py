@@ -6,6 +6,39 @@
 What this stage adds
     From the model's first answer on, every message is saved to SQLite the moment it
     is appended, so a session can be resumed exactly (--resume ID, --continue,
+    /resume), tool-call pairing intact. A full-text index (SQLite's FTS5) backs the
+    session_search tool, which searches earlier sessions, never the current one, and
+    labels what it finds as history. A broken database gives one warning; the agent
+    keeps working without saving.
+
+    messages.append(m) ──▶ [s03] RecordedMessages ──▶ SessionStore (state.db, WAL)
+                                                        ├─ sessions
+                                                        ├─ messages  ──▶ --resume / /resume
+                                                        └─ messages_fts ─▶ session_search
+
+Reading guide
+    Start right below the imports: "[s03] Session store" is this stage's lesson:
+    SessionStore, then RecordedMessages (how every message is saved as it is appended)
+    and session_search(). "[s03] Session store details" holds their helpers (what is
+    indexed, opening a broken database). Earlier stages follow, newest first; the
+    command line, the REPL (/sessions and /resume are under "[s03] Session commands")
+    and the offline model come last, and the wiring at the very end registers the
+    session_search tool.
+    {changed elsewhere}
+Run
+    python agents/s03_session_store.py                 # REPL (offline model without a key)
+    python agents/s03_session_store.py --demo          # the walk-through
+    python agents/s03_session_store.py --continue      # pick up the latest session
+Chapter
+    docs/en/s03-session-store.md
+"""
+
+#: docstring | hardened
+"""s03 · Session store — conversations that survive a restart, and can be searched.
+
+What this stage adds
+    From the model's first answer on, every message is saved to SQLite the moment it
+    is appended, so a session can be resumed exactly (--resume ID, --continue,
     /resume), tool-call pairing intact. A full-text index (FTS5, or a LIKE search
     where SQLite lacks FTS5 or the words are Chinese, Japanese or Korean) backs the
     session_search tool, which searches earlier sessions, never the current one, and
@@ -94,9 +127,18 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
+#: hardened
 SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
 
 
+#: teaching
+def new_session_id() -> str:
+    """The time to the second (ids sort by age) and 8 random hex digits (told apart from
+    another session started in the same second)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(4).hex()
+
+
+#: hardened
 def new_session_id() -> str:
     """The time to the second (ids sort by age), 4 random hex digits (told apart from
     another process's) and this process's running number: one process never makes the
@@ -105,6 +147,109 @@ def new_session_id() -> str:
             + f"{next(SESSION_NUMBERS):04x}")
 
 
+#: teaching
+class SessionStore:
+    """Sessions and their messages in SQLite (WAL), with an FTS5 full-text index."""
+
+    def __init__(self, path: Path, use_fts: bool = True):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, timeout=SQLITE_TIMEOUT)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # In WAL mode NORMAL is safe: a power cut may lose the last messages but never
+        # corrupts the database, and a save no longer waits for the disk (~7 ms each).
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+        self.has_fts = use_fts and self._create_fts()
+
+    def _create_fts(self) -> bool:
+        try:
+            self.db.execute(FTS_SCHEMA)
+            return True
+        except sqlite3.OperationalError:        # SQLite built without FTS5: no search
+            return False
+
+    def close(self) -> None:
+        """Closing the last connection moves the write-ahead log into state.db."""
+        self.db.close()
+
+    def create_session(self, session_id: str, model: str, source: str) -> None:
+        """A new session row. An id that is taken already fails loudly (sqlite3's
+        IntegrityError), never silently mixing two sessions' messages."""
+        with self.db:
+            self.db.execute("INSERT INTO sessions (id, started_at, model, source) "
+                            "VALUES (?, ?, ?, ?)", (session_id, time.time(), model, source))
+
+    def end_session(self, session_id: str) -> None:
+        with self.db:
+            self.db.execute("UPDATE sessions SET ended_at = ? WHERE id = ?",
+                            (time.time(), session_id))
+
+    def add_message(self, session_id: str, seq: int, message: dict) -> None:
+        tool_calls = message.get("tool_calls")
+        searchable = is_searchable(message)
+        with self.db:                           # one transaction: message, index, title
+            cursor = self.db.execute(
+                "INSERT INTO messages (session_id, seq, role, content, tool_calls, "
+                "tool_call_id, searchable, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, seq, message["role"], message.get("content"),
+                 json.dumps(tool_calls) if tool_calls is not None else None,
+                 message.get("tool_call_id"), int(searchable), time.time()))
+            if self.has_fts and searchable:
+                self.db.execute("INSERT INTO messages_fts (content, message_id) VALUES (?, ?)",
+                                (message["content"], cursor.lastrowid))
+            if message["role"] == "user":
+                self.db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title IS NULL",
+                                (first_line(message.get("content") or "", 60), session_id))
+
+    def load_messages(self, session_id: str) -> list[dict]:
+        """The exact message list, in order, with tool-call pairing intact."""
+        rows = self.db.execute("SELECT role, content, tool_calls, tool_call_id FROM messages "
+                               "WHERE session_id = ? ORDER BY seq", (session_id,))
+        messages = []
+        for role, content, tool_calls, tool_call_id in rows:
+            message = {"role": role, "content": content}
+            if tool_calls is not None:
+                message["tool_calls"] = json.loads(tool_calls)
+            if tool_call_id is not None:
+                message["tool_call_id"] = tool_call_id
+            messages.append(message)
+        return messages
+
+    def session_exists(self, session_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM sessions WHERE id = ?",
+                               (session_id,)).fetchone() is not None
+
+    def list_sessions(self, limit: int = 20) -> list[tuple]:
+        """(id, started_at, title, message count), newest first; empty sessions hidden."""
+        return self.db.execute(
+            "SELECT s.id, s.started_at, s.title, COUNT(m.id) FROM sessions s "
+            "JOIN messages m ON m.session_id = s.id GROUP BY s.id "
+            "ORDER BY s.started_at DESC, s.rowid DESC LIMIT ?", (limit,)).fetchall()
+
+    def search(self, query: str, limit: int, exclude_session: str | None) -> list[dict]:
+        words = search_words(query)
+        if not words:
+            raise ValueError("the query has no words to search for")
+        if not self.has_fts:
+            raise ValueError("this Python's SQLite has no FTS5 full-text index")
+        rows = self._search_fts(words, limit, exclude_session)
+        return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
+                 "title": title, "role": role, "snippet": snippet}
+                for sid, t, title, role, snippet in rows]
+
+    def _search_fts(self, words, limit, exclude_session):
+        match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
+        return self.db.execute(
+            "SELECT s.id, s.started_at, s.title, m.role, "
+            "snippet(messages_fts, 0, '[', ']', '…', 12) "
+            "FROM messages_fts JOIN messages m ON m.id = messages_fts.message_id "
+            "JOIN sessions s ON s.id = m.session_id "
+            "WHERE messages_fts MATCH ? AND s.id IS NOT ? ORDER BY rank LIMIT ?",
+            (match, exclude_session, limit)).fetchall()
+
+
+#: hardened
 class SessionStore:
     """Sessions and their messages in SQLite (WAL), with a full-text index when the
     SQLite build has FTS5 and a LIKE search when it does not."""
@@ -296,6 +441,16 @@ def search_words(query: str) -> list[str]:
     return re.findall(r"\w+", query)
 
 
+#: teaching
+# Chinese and Japanese are written without spaces (and Korean glues endings onto
+# words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
+# as one long word and never finds 数据库 inside it. Not used here: the hardened edition
+# scans such queries with LIKE, and a chapter exercise (s05) counts their tokens.
+CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+                           "\uf900-\ufaff\U00020000-\U0002ffff]")
+
+
+#: hardened
 # Chinese and Japanese are written without spaces (and Korean glues endings onto
 # words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
 # as one long word and never finds 数据库 inside it. Such queries scan with LIKE.
@@ -303,12 +458,14 @@ CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a
                            "\uf900-\ufaff\U00020000-\U0002ffff]")
 
 
+#: hardened
 def casefold(text):
     """SQL casefold(): SQLite's LIKE ignores case only for A-Z; this folds every
     script, so a LIKE search for миграция also finds Миграция."""
     return text.casefold() if isinstance(text, str) else text
 
 
+#: hardened
 def like_snippet(text: str, word: str, width: int = 60) -> str:
     """About `width` characters of text around the first match."""
     at = max(text.lower().find(word.lower()), 0)
@@ -357,7 +514,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -373,7 +531,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;
@@ -482,6 +641,7 @@ DEMO_INPUTS = [
 ]
 
 
+#: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     start = os.getcwd()
@@ -502,8 +662,45 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"\nResuming {first.session_id}: the exact messages come back.",
                                style="bold"))
             resume_session(second, first.session_id)
+            roles = " ".join(message["role"] for message in second.messages)
             console.print(Text(f"same list as before: {second.messages == first.messages}; "
-                               f"roles: {' '.join(m['role'] for m in second.messages)}", style="dim"))
+                               f"roles: {roles}", style="dim"))
+            demo_say(second, "$ cat plan.txt")
+            console.print(Text("\nA corrupt database: one warning, and the agent keeps working.",
+                               style="bold"))
+            broken = Path(home) / "broken.db"
+            broken.write_bytes(b"this is not a database" * 100)
+            demo_say(demo_session(session, open_store(broken)), "$ echo still working")
+        finally:
+            os.chdir(start)
+            ActiveSession.store = None
+    return 0
+
+
+#: hardened
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    start = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="s03-demo-") as home:
+        os.chdir(home)                      # files and the database stay out of your folders
+        try:
+            path = Path(home) / STATE_DB_NAME
+            console.print(Text(f"A temporary store for the demo: {path}", style="dim"))
+            first = demo_session(session, open_store(path))
+            for text in DEMO_INPUTS:
+                if not demo_say(first, text):
+                    return 1
+            console.print(Text("\nA new session, as after a restart. It searches the first one:",
+                               style="bold"))
+            second = demo_session(session, open_store(path))
+            demo_say(second, "search pineapple")
+            show_sessions(second, "")
+            console.print(Text(f"\nResuming {first.session_id}: the exact messages come back.",
+                               style="bold"))
+            resume_session(second, first.session_id)
+            roles = " ".join(message["role"] for message in second.messages)
+            console.print(Text(f"same list as before: {second.messages == first.messages}; "
+                               f"roles: {roles}", style="dim"))
             demo_say(second, "$ cat plan.txt")
             console.print(Text("\nWithout FTS5, a search falls back to LIKE:", style="bold"))
             demo_say(demo_session(session, open_store(path, use_fts=False)), "search launch code")
@@ -525,7 +722,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

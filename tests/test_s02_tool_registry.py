@@ -260,6 +260,7 @@ def test_search_files_skips_fifos_and_devices(stage, workdir):
     assert "error" in json.loads(stage.read_file("d/pipe"))
 
 
+@pytest.mark.hardening
 def test_write_file_and_patch_leave_a_fifo_alone(stage, workdir):
     # A FIFO stands in for /dev/null: the rename would have replaced it with a plain file.
     os.mkfifo(workdir / "pipe")
@@ -415,6 +416,7 @@ def call_with_deadline(function, *args, seconds=60):
     return outcome[0]
 
 
+@pytest.mark.hardening
 def test_many_double_stars_are_matched_without_backtracking(stage):
     # Trying each way to share 60 folders among 31 `**` would take longer than the universe.
     deep = stage.Path("/".join(["a"] * 60) + "/z.py")
@@ -423,6 +425,7 @@ def test_many_double_stars_are_matched_without_backtracking(stage):
     assert call_with_deadline(stage.glob_matches, deep, many + "/**/*.py")
 
 
+@pytest.mark.hardening
 def test_a_run_of_double_stars_is_matched_as_one(stage):
     # Without folding them, each folder of the path costs (20,000 ** 2) / 2 steps: minutes.
     path = stage.Path("a/b/c.py")
@@ -432,6 +435,7 @@ def test_a_run_of_double_stars_is_matched_as_one(stage):
                               seconds=30)
 
 
+@pytest.mark.hardening
 def test_a_catastrophic_regex_is_stopped_at_the_deadline(stage, workdir, monkeypatch):
     # 2**27 ways to try: seconds of work, far beyond the deadline. (Not more: should the
     # deadline break, `re` holds the interpreter until it finishes and nothing can end it.)
@@ -442,6 +446,7 @@ def test_a_catastrophic_regex_is_stopped_at_the_deadline(stage, workdir, monkeyp
     assert result["error"].startswith("search_files stopped after 0.25 s: the pattern may")
 
 
+@pytest.mark.hardening
 def test_the_deadline_also_bounds_walking_the_folder(stage, workdir, monkeypatch):
     (workdir / "one.txt").write_text("x\n")
     monkeypatch.setattr(stage, "SEARCH_TIMEOUT", -1)           # already past while walking
@@ -449,6 +454,7 @@ def test_the_deadline_also_bounds_walking_the_folder(stage, workdir, monkeypatch
     assert "stopped after -1 s" in json.loads(stage.search_files("x", "."))["error"]
 
 
+@pytest.mark.hardening
 def test_a_glob_that_matches_nothing_is_bounded_by_the_deadline(stage, workdir, monkeypatch):
     for name in TREE:                   # no file will ever be handed to search_files()
         (workdir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -459,6 +465,7 @@ def test_a_glob_that_matches_nothing_is_bounded_by_the_deadline(stage, workdir, 
     assert "stopped after -1 s" in result.get("error", ""), result
 
 
+@pytest.mark.hardening
 def test_search_files_with_nothing_to_search_starts_no_worker(stage, workdir, monkeypatch):
     monkeypatch.setattr(stage, "run_search_worker", None)      # calling it would raise
     assert json.loads(stage.search_files("x", ".")) == {"matches": [], "truncated": False}

@@ -56,8 +56,13 @@ def converse(stage, session, turns, text="go"):
     return server
 
 
+# The LIKE search, used where SQLite lacks FTS5, is the hardened edition's only.
+LIKE_SEARCH = pytest.param(False, marks=pytest.mark.hardening)
+
+
 # ── session ids ───────────────────────────────────────────────────────────
 
+@pytest.mark.hardening
 def test_ten_thousand_ids_in_one_second_are_all_different(stage, monkeypatch):
     """The clock stands still: every id is made in the same second (issue: 562 ids in one
     second once gave two the same)."""
@@ -67,6 +72,7 @@ def test_ten_thousand_ids_in_one_second_are_all_different(stage, monkeypatch):
     assert all(i.startswith("20261202-093000-") for i in ids)
 
 
+@pytest.mark.hardening
 def test_children_that_take_an_id_at_the_same_moment_get_different_ids(stage, monkeypatch):
     """s10 starts its children in threads at once; each takes an id."""
     monkeypatch.setattr(stage.time, "strftime", lambda pattern: "20261202-093000")
@@ -290,7 +296,7 @@ def fill(stage, store, text):
     return session.session_id
 
 
-@pytest.mark.parametrize("use_fts", [True, False])
+@pytest.mark.parametrize("use_fts", [True, LIKE_SEARCH])
 def test_search_finds_other_sessions_never_the_current_one(stage, db_path, use_fts):
     store = stage.SessionStore(db_path, use_fts=use_fts)
     old = fill(stage, store, "the deploy key rotates on Fridays")
@@ -303,7 +309,7 @@ def test_search_finds_other_sessions_never_the_current_one(stage, db_path, use_f
     assert stage.ActiveSession.session_id == current.session_id
 
 
-@pytest.mark.parametrize("use_fts", [True, False])
+@pytest.mark.parametrize("use_fts", [True, LIKE_SEARCH])
 def test_search_skips_system_prompts_and_earlier_search_results(stage, db_path, use_fts):
     store = stage.SessionStore(db_path, use_fts=use_fts)
     said = fill(stage, store, "unique-word zebra")
@@ -321,7 +327,7 @@ def test_search_skips_system_prompts_and_earlier_search_results(stage, db_path, 
     assert [(r["session_id"], r["role"]) for r in found] == [(said, "user")]
 
 
-@pytest.mark.parametrize("use_fts", [True, False])
+@pytest.mark.parametrize("use_fts", [True, LIKE_SEARCH])
 def test_search_words_are_words_not_patterns(stage, db_path, use_fts):
     """In LIKE, _ and % are wildcards: the query s_c must not find "sec"."""
     store = stage.SessionStore(db_path, use_fts=use_fts)
@@ -340,7 +346,8 @@ WORDS_IN_SENTENCES = [  # (query, found in CJK_TEXT or RUSSIAN_TEXT?)
     ("инструмент", True), ("МИГРАЦИИ", True), ("Базы данных", True), ("миграция", False)]
 
 
-@pytest.mark.parametrize("use_fts", [True, False])
+@pytest.mark.hardening
+@pytest.mark.parametrize("use_fts", [True, LIKE_SEARCH])
 def test_search_finds_chinese_and_russian_words_inside_a_sentence(stage, db_path, use_fts):
     store = stage.SessionStore(db_path, use_fts=use_fts)
     chinese, russian = fill(stage, store, CJK_TEXT), fill(stage, store, RUSSIAN_TEXT)
@@ -372,15 +379,15 @@ INSERT INTO messages_fts (content, message_id) VALUES ('deploy key rotates', 2);
 """
 
 
-def test_a_database_from_the_first_release_still_works(stage, db_path):
+@pytest.mark.parametrize("query", [pytest.param("数据库", marks=pytest.mark.hardening), "deploy"])
+def test_a_database_from_the_first_release_still_works(stage, db_path, query):
     db_path.parent.mkdir(parents=True)
     with sqlite3.connect(db_path) as db:
         db.executescript(FIRST_SCHEMA)
     store = stage.SessionStore(db_path)
     recorded_session(stage, store)
-    for query in ("数据库", "deploy"):
-        assert [r["session_id"] for r in json.loads(stage.session_search(query))["results"]] \
-            == ["old"], query
+    assert [r["session_id"] for r in json.loads(stage.session_search(query))["results"]] \
+        == ["old"], query
     assert store.load_messages("old")[0]["content"] == CJK_TEXT
 
 
@@ -389,7 +396,7 @@ NASTY_QUERIES = ['"unbalanced', "AND", "OR NOT", "*", "zebra*", "(zebra", "zebra
                  "💥 zebra", "a" * 5000, "%", "_", "\\"]
 
 
-@pytest.mark.parametrize("use_fts", [True, False])
+@pytest.mark.parametrize("use_fts", [True, LIKE_SEARCH])
 def test_any_query_text_gives_results_or_a_clear_error(stage, db_path, use_fts):
     store = stage.SessionStore(db_path, use_fts=use_fts)
     fill(stage, store, "zebra crossing AND more")
@@ -405,6 +412,7 @@ def test_any_query_text_gives_results_or_a_clear_error(stage, db_path, use_fts):
     assert count() == stored                # and nothing was changed or dropped
 
 
+@pytest.mark.hardening
 def test_fallback_when_fts5_is_missing(stage, db_path, monkeypatch):
     """Simulate a SQLite without FTS5: creating the virtual table fails."""
     monkeypatch.setattr(stage, "FTS_SCHEMA",
@@ -415,6 +423,32 @@ def test_fallback_when_fts5_is_missing(stage, db_path, monkeypatch):
     recorded_session(stage, store)
     assert json.loads(stage.session_search("fallback"))["results"][0]["snippet"] == \
         "fallback search works"
+
+
+def test_without_fts5_the_teaching_edition_says_so_in_one_line(stage, db_path, monkeypatch):
+    """The teaching edition has no second engine: a search is a clear error, never a crash."""
+    monkeypatch.setattr(stage, "FTS_SCHEMA",
+                        "CREATE VIRTUAL TABLE messages_fts USING no_such_module(content)")
+    store = stage.SessionStore(db_path)
+    fill(stage, store, "fallback search works")
+    recorded_session(stage, store)
+    result = json.loads(stage.session_search("fallback"))
+    if hasattr(stage, "like_snippet"):          # the hardened edition scans with LIKE
+        assert result["results"][0]["snippet"] == "fallback search works"
+    else:
+        assert result == {"error": "search failed: this Python's SQLite has no FTS5 "
+                                   "full-text index"}
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("stage_name", [stage for stage in STAGES if "s03" in stage])
+def test_the_hardened_demo_shows_the_like_search(stage_name, tmp_path):
+    result = run_main(stage_name, "--demo", cwd=tmp_path,
+                      env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h")))
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "Without FTS5, a search falls back to LIKE" in result.stdout
+    summary = result.stdout.split("falls back to LIKE", 1)[1]
+    assert "launch code" in summary and "Found 0" not in summary
 
 
 def test_limit_is_checked(stage, db_path):

@@ -56,7 +56,6 @@ DEMO_PROMISES = {
         "[resumed session ",
         "same list as before: True",
         "    step one: buy pineapples",
-        "Without FTS5, a search falls back to LIKE",
         "warning: session store unavailable",
     ],
     "s04_prompt_builder": [

@@ -457,8 +457,8 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
-SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
+SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
@@ -1324,8 +1324,9 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"\nResuming {first.session_id}: the exact messages come back.",
                                style="bold"))
             resume_session(second, first.session_id)
+            roles = " ".join(message["role"] for message in second.messages)
             console.print(Text(f"same list as before: {second.messages == first.messages}; "
-                               f"roles: {' '.join(m['role'] for m in second.messages)}", style="dim"))
+                               f"roles: {roles}", style="dim"))
             demo_say(second, "$ cat plan.txt")
             console.print(Text("\nWithout FTS5, a search falls back to LIKE:", style="bold"))
             demo_say(demo_session(session, open_store(path, use_fts=False)), "search launch code")
@@ -1354,7 +1355,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
@@ -1503,7 +1505,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -1519,7 +1522,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;

@@ -1677,8 +1677,8 @@ MAX_READ_LINES = 500                    # lines returned by one read_file call
 MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
-SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
+SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
@@ -2739,7 +2739,8 @@ def show_sessions(session: Session, argument: str) -> None:
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
     if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume", style="red"))
+        err_console.print(Text("error: no session store, so there is nothing to resume",
+                               style="red"))
         return False
     try:
         if session_id == "latest":
@@ -2755,7 +2756,8 @@ def resume_session(session: Session, session_id: str) -> bool:
             return False
         messages = session.store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})", style="red"))
+        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
+                               style="red"))
         return False
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;
