@@ -127,18 +127,9 @@ def hermes_home() -> Path:
     return Path(os.environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
 
 
-#: hardened
 SESSION_NUMBERS = itertools.count()     # this process's ids, in the order it made them
 
 
-#: teaching
-def new_session_id() -> str:
-    """The time to the second (ids sort by age) and 8 random hex digits (told apart from
-    another session started in the same second)."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(4).hex()
-
-
-#: hardened
 def new_session_id() -> str:
     """The time to the second (ids sort by age), 4 random hex digits (told apart from
     another process's) and this process's running number: one process never makes the

@@ -62,7 +62,6 @@ LIKE_SEARCH = pytest.param(False, marks=pytest.mark.hardening)
 
 # ── session ids ───────────────────────────────────────────────────────────
 
-@pytest.mark.hardening
 def test_ten_thousand_ids_in_one_second_are_all_different(stage, monkeypatch):
     """The clock stands still: every id is made in the same second (issue: 562 ids in one
     second once gave two the same)."""
@@ -72,7 +71,6 @@ def test_ten_thousand_ids_in_one_second_are_all_different(stage, monkeypatch):
     assert all(i.startswith("20261202-093000-") for i in ids)
 
 
-@pytest.mark.hardening
 def test_children_that_take_an_id_at_the_same_moment_get_different_ids(stage, monkeypatch):
     """s10 starts its children in threads at once; each takes an id."""
     monkeypatch.setattr(stage.time, "strftime", lambda pattern: "20261202-093000")
