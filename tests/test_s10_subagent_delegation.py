@@ -776,6 +776,24 @@ def terminal_beats(events) -> list[dict]:
     return [e for e in events if e["event"] == "heartbeat" and e["activity"] == "terminal"]
 
 
+
+def test_the_heartbeat_touches_the_parent_and_stops_when_no_child_progresses(stage, work,
+                                                                             monkeypatch):
+    """Every beat touches the parent until stale_beats beats pass without a model or tool
+    call: a 2 s command at 0.05 s beats would touch it some 40 times, a stale heartbeat
+    only a few."""
+    touches = []
+    monkeypatch.setattr(stage.Delegator, "touch", lambda self, activity: touches.append(activity))
+    children = script({"slow": [reply("", call("terminal", {"command": "sleep 2"})),
+                                reply("slept")]})
+    with FakeOpenAI(responder=endpoint(stage, delegating(goal="slow"), children)) as server:
+        session = agent(stage, server, heartbeat_interval=0.05, stale_beats=3)
+        assert run(stage, session)
+    assert delegation_result(session)["children"][0]["status"] == "completed"
+    assert touches and all("sub-agent" in activity for activity in touches), touches
+    assert len(touches) <= 10, f"the heartbeat went on without progress: {len(touches)} touches"
+
+
 @pytest.mark.hardening
 def test_the_heartbeat_keeps_the_parent_fresh_and_ends_with_the_child(stage, work, progress,
                                                                        monkeypatch, capsys):
