@@ -896,6 +896,36 @@ def ctrl_c_when(ready, sent: dict) -> threading.Thread:
     return thread
 
 
+
+def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, work, progress,
+                                                                       ctrl_c_raises):
+    """Both editions: the turn ends at once with every call answered, and a child whose
+    command was running makes no model call and runs no tool after it (the teaching
+    edition lets the command end on its own; the hardened one kills it)."""
+    commands = {goal: f"echo $$ > {goal}.pid; sleep 3; echo done > {goal}.out"
+                for goal in ("one", "two")}
+    later = call("terminal", {"command": "echo ran > later.out"})
+    children = lambda goal, calls: reply("", call("terminal", {"command": commands[goal]})) \
+        if calls == 0 else reply("", later)
+    tasks = [{"goal": "one"}, {"goal": "two"}]
+    with FakeOpenAI(responder=endpoint(stage, delegating(tasks=tasks), children)) as server:
+        session, sent = agent(stage, server), {}
+        sender = ctrl_c_when(lambda: pid_in_file(work / "one.pid") is not None
+                             and pid_in_file(work / "two.pid") is not None, sent)
+        with pytest.raises(KeyboardInterrupt):
+            run(stage, session)
+        stopped_after = time.monotonic() - sent["at"]
+        sender.join()
+        assert sent["ready"], "the children's commands never ran"
+        time.sleep(3.5)                             # the commands have ended by now
+        assert len(server.requests) == 3                # no model call after Ctrl-C
+    assert stopped_after < 2, "Ctrl-C waited for the children's commands"
+    assert not (work / "later.out").exists()
+    assert pairing_problems(session.messages) == []
+    assert session.messages[-1]["tool_call_id"] == "d1" \
+        and "interrupted" in session.messages[-1]["content"]
+
+
 @pytest.mark.hardening
 def test_ctrl_c_kills_the_childrens_commands_and_keeps_the_parent_valid(stage, work, progress,
                                                                        ctrl_c_raises):
