@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextvars
-import copy
 import fnmatch
 import glob
 import hashlib
@@ -521,11 +520,21 @@ PARENT_RESERVE = 1                      # shared budget: calls children leave fo
 CHILD_BUDGET_MODES = ("shared", "independent")  # --child-budget
 CHILD_APPROVALS = ("deny", "once")      # --child-approvals: a child's dangerous commands
 CHILD_STATUSES = ("completed", "iteration_limit", "budget_exhausted", "error", "interrupted")
+HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
+HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
+PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
 CHILD_SYSTEM_PROMPT = (
     "You are a sub-agent. Another agent gave you one task: the user message. Do it with "
     "your tools, then answer with what you found or did, briefly and completely; only "
     "your final answer reaches the other agent. Nobody can answer questions from you, "
     "and commands that need a person's approval are refused.")
+
+
+# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
+# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
+DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
+# Set in a child's thread: the event its parent sets to stop it (Ctrl-C).
+STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
 
 
 def delegate_task(goal: str | None = None, context: str | None = None,
@@ -539,10 +548,15 @@ def delegate_task(goal: str | None = None, context: str | None = None,
         return error_result(f"delegation depth limit reached: a sub-agent (depth "
                             f"{parent.depth}) cannot delegate. Do the task yourself.")
     specs, problem = task_specs(goal, context, toolsets, tasks)
-    if problem is None:
-        children, problem = build_children(parent, specs)
+    empty = [spec for spec in specs if not child_tools(parent.session.tools, spec["toolsets"])]
+    if empty:                                   # unknown, not the parent's, or only blocked ones
+        problem = (f"no tools left in {', '.join(map(str, empty[0]['toolsets']))} once the "
+                   f"tools a sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) "
+                   f"are removed.")
     if problem is not None:
         return error_result(problem + " Nothing was delegated.")
+    children = [build_child_agent(parent, spec, index, len(specs))
+                for index, spec in enumerate(specs, start=1)]
     results = run_children(parent, children)
     return json.dumps({"children": results, "budget": parent.budget_line()},
                       ensure_ascii=False)
@@ -575,16 +589,13 @@ class Child:
         self.client, self.model = parent.session.client, parent.session.model
         self.stop = threading.Event()           # set by the parent: Ctrl-C
         self.finished = threading.Event()
-        self.lock = threading.Lock()            # its last report, or the parent giving up
         shared = parent.budget if parent.session.delegation.budget_mode == "shared" else None
         self.budget = ChildBudget(shared, self.stop)
         self.tool_calls, self.current_tool = 0, None
-        self.abandoned = False                  # the parent stopped waiting for it
         self.result: dict | None = None
-        self.crash = "its thread ended without a result"
 
     def emit(self, event: str, **data) -> None:
-        if not self.abandoned:
+        if not self.stop.is_set():              # after Ctrl-C the parent has moved on
             self.parent.on_progress({"event": event, "index": self.index,
                                      "count": self.count, **data})
 
@@ -593,8 +604,8 @@ class ChildBudget:
     """A child's model calls: at most MAX_CHILD_ITERATIONS of its own, and in shared
     mode each one also taken from the parent's budget, leaving PARENT_RESERVE calls for
     the parent's own answer. A stopped child gets no more calls. The loop uses it as it
-    uses an IterationBudget (consume, refund, used, remaining); it holds one for its own
-    calls rather than being one."""
+    uses an IterationBudget (consume, used, max_total); it holds one for its own calls
+    rather than being one."""
 
     def __init__(self, shared: IterationBudget | None, stop: threading.Event):
         self.own = IterationBudget(MAX_CHILD_ITERATIONS)
@@ -610,9 +621,6 @@ class ChildBudget:
         self.parent_ran_out = True
         return False
 
-    def refund(self) -> None:
-        self.own.refund()
-
     @property
     def max_total(self) -> int:
         return self.own.max_total
@@ -621,30 +629,24 @@ class ChildBudget:
     def used(self) -> int:
         return self.own.used
 
-    @property
-    def remaining(self) -> int:
-        return self.own.remaining
-
 
 def run_child(child: Child) -> None:
     """A child's thread. Its context is its own: approvals with no human to ask, depth
-    parent + 1, and the stop event that a running command watches."""
+    parent + 1, and the stop event that its tool calls check."""
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
     STOP_REQUESTED.set(child.stop)
-    start_heartbeat(child)
     try:
         child.emit("started", goal=child.goal)
         status, answer, note = child_loop(child)
-        with child.lock:                        # the parent may be giving up on it just now
-            child.result = child_result(child, status, answer, note)
-            child.emit("finished", status=status, model_calls=child.budget.used,
-                       answer=first_line(answer or note, 100))
-            child.finished.set()
-    except Exception as exc:                    # a failing progress callback, say:
-        child.crash = f"{type(exc).__name__}: {first_line(exc)}"    # run_children() says so
+        child.result = child_result(child, status, answer, note)
+        child.emit("finished", status=status, model_calls=child.budget.used,
+                   answer=first_line(answer or note, 100))
+    except Exception as exc:                    # a failing progress callback, say
+        child.result = child_result(child, "error", "", f"the sub-agent failed: "
+                                                        f"{type(exc).__name__}: {first_line(exc)}")
     finally:
-        child.finished.set()                    # also after an error: the heartbeat ends
+        child.finished.set()
 
 
 def child_loop(child: Child) -> tuple[str, str, str]:
@@ -655,9 +657,9 @@ def child_loop(child: Child) -> tuple[str, str, str]:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
                                    child.tools, child.parent.session.context_length,
-                                   child_recovery(child), budget=child.budget)
+                                   child.parent.session.recovery, budget=child.budget)
         return child_outcome(child, stopped)
-    except KeyboardInterrupt:                   # the parent's Ctrl-C, seen in this thread
+    except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
         return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
         return "error", partial_answer(child), explain_api_failure(
@@ -668,35 +670,32 @@ def child_loop(child: Child) -> tuple[str, str, str]:
 
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
-    """Start every child in its own thread and wait for all of them. Ctrl-C stops them:
-    each one's running command is killed and it makes no more model calls."""
+    """Start every child in its own thread and wait for all of them. While they work,
+    the parent's heartbeat says it is alive, unless no child has made progress for
+    stale_beats beats. Ctrl-C stops them: no child makes another model or tool call."""
+    settings = parent.session.delegation
+    last, stale = None, 0
     try:
         for child in children:
             # A new, empty context: the thread sets its own approvals, depth and stop event.
             threading.Thread(target=contextvars.Context().run, args=(run_child, child),
                              daemon=True).start()
-        for child in children:
-            while not child.finished.wait(0.1):     # a Ctrl-C arrives between two waits
-                pass
+        beat = time.monotonic() + settings.heartbeat_interval
+        while not all(child.finished.wait(0.1) for child in children):  # Ctrl-C: in between
+            if time.monotonic() < beat:
+                continue
+            beat += settings.heartbeat_interval
+            progress = [(child.budget.used, child.tool_calls) for child in children]
+            stale, last = (stale + 1 if progress == last else 0), progress
+            if stale < settings.stale_beats:
+                parent.touch(f"{len(children)} sub-agent(s) working, "
+                             f"{sum(used for used, _ in progress)} model call(s) so far")
     except BaseException:                       # Ctrl-C, or a thread that could not start
-        stop_children(children)
+        for child in children:
+            child.stop.set()                    # a running command still ends on its own
         raise
-    return [child.result or child_result(child, "error", "", f"the sub-agent failed: "
-                                                             f"{child.crash}")
+    return [child.result or child_result(child, "error", "", "the sub-agent failed")
             for child in children]
-
-# ── [s10] Delegation details ────────────────────────────────────────────────
-
-CHILD_STOP_GRACE = 2.0                  # seconds Ctrl-C waits for children to stop
-HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
-HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
-PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
-
-# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
-# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
-DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
-# Set in a child's thread: run_terminal() kills its command when the parent stops the child.
-STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
 
 
 class DelegationSettings:
@@ -725,8 +724,9 @@ class Delegator:
 
     def budget_line(self) -> str:
         mode = self.session.delegation.budget_mode
+        counted = "count" if mode == "shared" else "do not count"
         return (f"{self.budget.used} of {self.budget.max_total} model calls of this turn used "
-                f"({mode} budget: children's calls {'count' if mode == 'shared' else 'do not count'})")
+                f"({mode} budget: children's calls {counted})")
 
 
 def child_state_problem(real: Path) -> str | None:
@@ -747,14 +747,15 @@ def child_state_problem(real: Path) -> str | None:
 
 def stop_if_requested() -> None:
     """In a child's thread, once its parent has stopped it: raise what Ctrl-C raises in
-    the main thread, so the same clean-up runs (commands killed, calls answered)."""
+    the main thread, so the same clean-up runs: every open tool call is answered."""
     stop = STOP_REQUESTED.get()
     if stop is not None and stop.is_set():
         raise KeyboardInterrupt
 
 
 def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
-    """The model's arguments as a list of {goal, context, toolsets}, or an error."""
+    """The model's arguments as a list of {goal, context, toolsets}, or what is wrong.
+    The door checked the arguments' types; this checks the tasks inside `tasks`."""
     if tasks is None:
         if goal is None:
             return [], "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."
@@ -767,54 +768,27 @@ def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
         return [], (f"at most {MAX_PARALLEL_CHILDREN} tasks run in parallel; got "
                     f"{len(tasks)}. Delegate the rest in a later call.")
     specs = []
-    for number, task in enumerate(tasks, start=1):
-        spec, problem = task_spec(task)
-        if problem:
-            return [], f"task {number}: {problem}" if len(tasks) > 1 else problem
-        specs.append(spec)
+    for task in tasks:
+        task = task if isinstance(task, dict) else {}
+        unknown = sorted(set(task) - {"goal", "context", "toolsets"})
+        if unknown:
+            return [], (f"unexpected field(s) {', '.join(unknown)}; a task has goal, "
+                        f"context, toolsets.")
+        if not isinstance(task.get("goal"), str) or not task["goal"].strip():
+            return [], "goal must be a non-empty string."
+        names = task.get("toolsets")
+        if names is not None and not isinstance(names, list):
+            return [], "toolsets must be a list of toolset names."
+        if names == []:                         # never "no toolsets, so every tool"
+            return [], "toolsets is empty: name the toolsets the sub-agent needs."
+        specs.append({"goal": task["goal"], "context": str(task.get("context") or ""),
+                      "toolsets": list(DEFAULT_CHILD_TOOLSETS) if names is None else names})
     return specs, None
-
-
-def task_spec(task) -> tuple[dict | None, str | None]:
-    if not isinstance(task, dict):
-        return None, "each task must be an object {goal, context, toolsets}."
-    unknown = sorted(set(task) - {"goal", "context", "toolsets"})
-    if unknown:
-        return None, f"unexpected field(s) {shown_names(unknown)}; a task has goal, context, toolsets."
-    goal, context, toolsets = task.get("goal"), task.get("context"), task.get("toolsets")
-    if not isinstance(goal, str) or not goal.strip():
-        return None, "goal must be a non-empty string."
-    if context is not None and not isinstance(context, str):
-        return None, "context must be a string."
-    if toolsets is not None and (not isinstance(toolsets, list)
-                                 or not all(isinstance(name, str) for name in toolsets)):
-        return None, "toolsets must be a list of toolset names."
-    if toolsets == []:
-        return None, "toolsets is empty: name the toolsets the sub-agent needs."
-    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None     # None: default
-
-
-def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
-    """Every child of the batch, or the first task's problem: nothing starts unless all can."""
-    children = []
-    for index, spec in enumerate(specs, start=1):
-        if spec["toolsets"] is None:            # the defaults that this agent has
-            spec["toolsets"] = [name for name in DEFAULT_CHILD_TOOLSETS
-                                if name in offered_toolsets(parent.session.tools)]
-        problem = toolsets_problem(parent.session.tools, spec["toolsets"])
-        if problem:
-            return [], f"task {index}: {problem}" if len(specs) > 1 else problem
-        children.append(build_child_agent(parent, spec, index, len(specs)))
-    return children, None
 
 
 def toolset_of(tool: dict) -> str | None:
     entry = REGISTRY.get(tool["function"]["name"])
     return entry.toolset if entry is not None else None
-
-
-def offered_toolsets(tools: list) -> set[str]:
-    return {toolset_of(tool) for tool in tools} - {None}
 
 
 def child_tools(parent_tools: list, toolsets: list) -> list:
@@ -824,40 +798,13 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
             and toolset_of(tool) in toolsets]
 
 
-def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:
-    """Why these toolsets cannot make a child: unknown, not the parent's, or no tool
-    left once the blocked ones are gone. Never "no toolsets, so every tool"."""
-    if not toolsets:
-        return (f"none of the default toolsets ({', '.join(DEFAULT_CHILD_TOOLSETS)}) is "
-                f"offered to this agent: name the toolsets the sub-agent needs.")
-    unknown = sorted(set(toolsets) - set(REGISTRY.toolsets()))
-    if unknown:
-        return f"unknown toolset(s) {shown_names(unknown)}; known: {', '.join(REGISTRY.toolsets())}."
-    missing = sorted(set(toolsets) - offered_toolsets(parent_tools))
-    if missing:
-        return (f"toolset(s) {', '.join(missing)} are not offered to this agent, so not to "
-                f"its sub-agents either.")
-    if not child_tools(parent_tools, toolsets):
-        return (f"no tools left in {', '.join(sorted(set(toolsets)))} once the tools a "
-                f"sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
-    return None
-
-
-def shown_names(names: list) -> str:
-    """Names from the model in an error message: visible, short, at most five."""
-    shown = ", ".join(preview(name) for name in names[:5])
-    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
 class ChildApprovals:
-    """A child's approval context. It shares the parent's policy object (allowlist.json,
-    write root) but has its own session id, so nothing it does lands in the parent's
-    session approvals. YOLO and mode off do not reach it, and nobody can be asked: its
-    dangerous commands are denied, or with --child-approvals once approved once; a
-    command that needs a human is always denied. Only the user's own "always" answers
-    (allowlist.json) approve for it, never the smart reviewer. Hardline is blocked
-    before all this. It overrides three of ApprovalContext's methods and hands the rest
-    to an ApprovalContext of its own (composition: no subclass of a later section)."""
+    """A child's approval context: the parent's policy object (allowlist.json, write
+    root) with the child's own session id, so nothing it does lands in the parent's
+    session approvals. Nobody can be asked: YOLO, mode off and the smart reviewer never
+    approve for it, and its dangerous commands are denied, or with --child-approvals
+    once approved once. An ApprovalContext of its own does the rest (composition: no
+    subclass of a later section)."""
 
     def __init__(self, child: Child):
         self.context = ApprovalContext(child.permissions, child, read_answer=None)
@@ -874,9 +821,8 @@ class ChildApprovals:
 
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
         label = f"[sub-agent {self.child.index}]"
-        if "session" not in choices:            # a finding that only a person may approve
-            return "deny", "it needs a person's answer, and a sub-agent has nobody to ask"
-        if self.child.parent.session.delegation.child_approvals == "once":
+        once = self.child.parent.session.delegation.child_approvals == "once"
+        if once and "session" in choices:       # never a finding only a person may approve
             show_approval_note(f"{label} approved once without asking (--child-approvals "
                                f"once): {described(findings)}")
             return "once", ""
@@ -910,19 +856,6 @@ def call_preview(arguments: str) -> str:
 def preview(text: str) -> str:
     text = visible(" ".join(str(text).split()))
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
-
-
-def child_recovery(child: Child) -> RetryPolicy:
-    """The parent's retries and fallback, with waits that end when the child is stopped."""
-    policy = copy.copy(child.parent.session.recovery)
-    notify = policy.notify
-
-    def interruptible_sleep(seconds: float) -> None:
-        if child.stop.wait(seconds):
-            raise KeyboardInterrupt             # what Ctrl-C is in the main thread
-    policy.sleep = interruptible_sleep
-    policy.notify = lambda line: notify(f"[sub-agent {child.index}] {line}")
-    return policy
 
 
 def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
@@ -960,52 +893,6 @@ def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     if note:
         result["note"] = note
     return result
-
-
-def start_heartbeat(child: Child) -> None:
-    settings = child.parent.session.delegation
-    threading.Thread(target=heartbeat, args=(child, settings.heartbeat_interval,
-                                             settings.stale_beats), daemon=True).start()
-
-
-def heartbeat(child: Child, interval: float, stale_beats: int) -> None:
-    """While the child works: every `interval` seconds, touch the parent (it is alive).
-    Stop when the child finishes, or after `stale_beats` beats without progress (no new
-    model call, no new tool): a stuck child must not keep the parent looking busy."""
-    def progress():
-        return child.budget.used, child.tool_calls, child.current_tool
-    last, stale = progress(), 0
-    while not child.finished.wait(interval) and not child.stop.is_set():
-        now = progress()
-        stale = stale + 1 if now == last else 0
-        last = now
-        with child.lock:    # run_child() reports "finished" under it: no beat after that
-            if child.finished.is_set():
-                return
-            if stale >= stale_beats:
-                child.emit("heartbeat_stopped", beats=stale)
-                return
-            activity = preview(child.current_tool) if child.current_tool else \
-                "waiting for the model"
-            child.parent.touch(f"sub-agent {child.index}: {activity}, call {child.budget.used}")
-            child.emit("heartbeat", activity=activity, model_calls=child.budget.used)
-
-
-def stop_children(children: list) -> None:
-    """Ctrl-C: stop every child, give them CHILD_STOP_GRACE seconds to end (a running
-    command is killed at once), and report the rest as interrupted without waiting.
-    Events, not Thread.join(): a join cut short by Ctrl-C can mark a running thread done."""
-    for child in children:
-        child.stop.set()
-    deadline = time.monotonic() + CHILD_STOP_GRACE
-    for child in children:
-        child.finished.wait(max(0.0, deadline - time.monotonic()))
-    for child in children:
-        with child.lock:
-            if not child.finished.is_set():     # e.g. still waiting for the endpoint
-                child.emit("finished", status="interrupted", model_calls=child.budget.used,
-                           answer="stopped by the user (Ctrl-C); no longer waited for")
-                child.abandoned = True          # whatever it reports later is dropped
 
 # ── [s09] Dangerous commands ────────────────────────────────────────────────
 
@@ -4146,10 +4033,7 @@ class CommandStart:
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
     """True if the command exited and closed its output within `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    in_child = STOP_REQUESTED.get() is not None     # s10: a sub-agent's thread
-    while reader.is_alive() and time.monotonic() < deadline:   # a background child may
-        reader.join(0.05 if in_child else deadline - time.monotonic())  # keep the pipe open
-        stop_if_requested()                     # the caller kills the process group
+    reader.join(timeout)                        # a background child may keep the pipe open
     try:
         proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:
@@ -4939,16 +4823,8 @@ def show_child_event(event: dict) -> None:
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
     elif kind == "tool_started":
         line = f"├─ {tag}{preview(event['tool'])} {event['preview']}"
-    elif kind == "tool_finished":
-        if event["outcome"] in ("ok", "landed"):
-            return                              # the next line shows the child went on
+    elif kind == "tool_finished" and event["outcome"] not in ("ok", "landed"):
         line, style = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}", "yellow"
-    elif kind == "heartbeat":
-        line, style = (f"├─ {tag}… still working ({event['activity']}, "
-                       f"{event['model_calls']} model call(s) so far)"), "dim"
-    elif kind == "heartbeat_stopped":
-        line, style = (f"├─ {tag}heartbeat stopped: no progress in {event['beats']} "
-                       f"beats"), "yellow"
     elif kind == "finished":
         style = "green" if event["status"] == "completed" else "yellow"
         line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
@@ -4978,22 +4854,15 @@ def delegation_summary(result: str) -> str | None:
 def show_delegation(session: Session, argument: str) -> None:
     """/delegation: how sub-agents run in this session."""
     settings = session.delegation
-    shared = settings.budget_mode == "shared"
     for name, value in (
-            ("budget", f"{settings.budget_mode}: " + (
-                f"children's model calls come out of the turn's {session.max_iterations} "
-                f"(--max-iterations), {PARENT_RESERVE} kept for the parent" if shared else
-                "each child has its own calls; a turn may cost more than --max-iterations")),
+            ("budget", f"{settings.budget_mode} (--child-budget); {PARENT_RESERVE} call kept "
+                       f"for the parent"),
             ("per child", f"{MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} "
-                          f"in parallel, depth {MAX_CHILD_DEPTH} (a child never delegates)"),
-            ("tools", f"the toolsets asked for (default {', '.join(DEFAULT_CHILD_TOOLSETS)}) "
-                      f"that this agent has, never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}"),
-            ("approvals", f"a child's dangerous commands: {settings.child_approvals} "
-                          f"(--child-approvals); hardline: always blocked"),
-            ("heartbeat", f"every {settings.heartbeat_interval:g} s; stops after "
-                          f"{settings.stale_beats} beats without progress"),
-            ("activity", f"{time.monotonic() - session.last_activity[0]:.0f} s ago: "
-                         f"{session.last_activity[1]}")):
+                          f"in parallel, depth {MAX_CHILD_DEPTH}"),
+            ("tools", f"never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}"),
+            ("approvals", f"{settings.child_approvals} (--child-approvals)"),
+            ("heartbeat", f"every {settings.heartbeat_interval:g} s, last: "
+                          f"{session.last_activity[1]}")):
         console.print(Text(f"  {name:<10} {value}"))
 
 

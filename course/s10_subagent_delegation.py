@@ -17,6 +17,43 @@ What this stage adds
               │ ChildBudget.consume(): 15 own, and       ▼
               └──────── one of the parent's each ── [1] child ─┐ threads, depth 1:
                                                     [2] child ─┤ approvals: deny (no human)
+        tool result  ◀── [{status, answer ≤ 24,000 chars}] ────┘
+
+Reading guide
+    Start right below the imports: "[s10] Sub-agent delegation" is this stage's lesson:
+    delegate_task(), then build_child_agent() (what a child gets), ChildBudget (how it
+    pays), run_child() and run_children() (threads, the heartbeat, Ctrl-C), then the
+    helpers they use: task_specs(), child_tools(), ChildApprovals, child_result().
+    Earlier stages follow, newest first, then the plumbing (the progress tree and
+    /delegation are under "[s10] Delegation commands"); the wiring at the very end
+    registers delegate_task. The hardened edition (agents/hardened/) adds the details.
+    {changed elsewhere}
+Run
+    python agents/s10_subagent_delegation.py          # REPL (offline model without a key)
+    python agents/s10_subagent_delegation.py --demo   # the walk-through
+    python agents/s10_subagent_delegation.py -p 'delegate $ ls | $ pwd'
+    python agents/s10_subagent_delegation.py --max-iterations 4 --child-budget independent
+Chapter
+    docs/en/s10-subagent-delegation.md
+"""
+
+#: docstring | hardened
+"""s10 · Sub-agent delegation — children with their own context, fewer tools, one budget.
+
+What this stage adds
+    The delegate_task tool hands a self-contained task to a child agent, or up to 3
+    tasks to children that run in parallel. A child starts with a fresh message list (a
+    task prompt, then the goal), never the parent's SOUL, memory or conversation, and
+    gets the toolsets it asked for that the parent has, minus DELEGATE_BLOCKED_TOOLS.
+    It makes at most 15 model calls; with the shared budget (the default) each is also
+    paid from the parent's. Its dangerous commands are denied: nobody can approve them.
+
+    parent ──delegate_task(tasks=[a, b])──▶ build_child_agent() × 2
+        budget: IterationBudget(--max-iterations)        │ fresh messages: [prompt, goal]
+              ▲                                          │ tools: asked ∩ parent's − blocked
+              │ ChildBudget.consume(): 15 own, and       ▼
+              └──────── one of the parent's each ── [1] child ─┐ threads, depth 1:
+                                                    [2] child ─┤ approvals: deny (no human)
         tool result  ◀── [{status, answer ≤ 24,000 chars}] ────┘ heartbeat every 30 s
 
 Reading guide
@@ -96,6 +133,9 @@ PARENT_RESERVE = 1                      # shared budget: calls children leave fo
 CHILD_BUDGET_MODES = ("shared", "independent")  # --child-budget
 CHILD_APPROVALS = ("deny", "once")      # --child-approvals: a child's dangerous commands
 CHILD_STATUSES = ("completed", "iteration_limit", "budget_exhausted", "error", "interrupted")
+HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
+HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
+PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
 CHILD_SYSTEM_PROMPT = (
     "You are a sub-agent. Another agent gave you one task: the user message. Do it with "
     "your tools, then answer with what you found or did, briefly and completely; only "
@@ -103,6 +143,39 @@ CHILD_SYSTEM_PROMPT = (
     "and commands that need a person's approval are refused.")
 
 
+# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
+# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
+DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
+# Set in a child's thread: the event its parent sets to stop it (Ctrl-C).
+STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
+
+
+#: teaching
+def delegate_task(goal: str | None = None, context: str | None = None,
+                  toolsets: list | None = None, tasks: list | None = None) -> str:
+    """The tool: one task (goal, context, toolsets) or up to MAX_PARALLEL_CHILDREN in
+    `tasks`, run in parallel. The parent gets each child's final answer and status."""
+    parent = DELEGATION.get()
+    if parent is None:
+        return error_result("delegate_task runs only inside an agent's turn")
+    if parent.depth >= MAX_CHILD_DEPTH:
+        return error_result(f"delegation depth limit reached: a sub-agent (depth "
+                            f"{parent.depth}) cannot delegate. Do the task yourself.")
+    specs, problem = task_specs(goal, context, toolsets, tasks)
+    empty = [spec for spec in specs if not child_tools(parent.session.tools, spec["toolsets"])]
+    if empty:                                   # unknown, not the parent's, or only blocked ones
+        problem = (f"no tools left in {', '.join(map(str, empty[0]['toolsets']))} once the "
+                   f"tools a sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) "
+                   f"are removed.")
+    if problem is not None:
+        return error_result(problem + " Nothing was delegated.")
+    children = [build_child_agent(parent, spec, index, len(specs))
+                for index, spec in enumerate(specs, start=1)]
+    results = run_children(parent, children)
+    return json.dumps({"children": results, "budget": parent.budget_line()},
+                      ensure_ascii=False)
+
+#: hardened
 def delegate_task(goal: str | None = None, context: str | None = None,
                   toolsets: list | None = None, tasks: list | None = None) -> str:
     """The tool: one task (goal, context, toolsets) or up to MAX_PARALLEL_CHILDREN in
@@ -136,6 +209,32 @@ def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> 
     return Child(parent, index, count, spec["goal"], tools, messages)
 
 
+#: teaching
+class Child:
+    """One sub-agent: its own messages, tools, session id and budget; its parent's
+    endpoint and model. In shared mode each of its model calls is also paid from the
+    parent's budget."""
+
+    def __init__(self, parent: Delegator, index: int, count: int, goal: str, tools: list,
+                 messages: list):
+        self.parent, self.index, self.count, self.goal = parent, index, count, goal
+        self.tools, self.messages = tools, messages
+        self.session_id = new_session_id()      # its own: approvals never reach the parent
+        self.permissions = approval_context().permissions   # the parent's policy object
+        self.client, self.model = parent.session.client, parent.session.model
+        self.stop = threading.Event()           # set by the parent: Ctrl-C
+        self.finished = threading.Event()
+        shared = parent.budget if parent.session.delegation.budget_mode == "shared" else None
+        self.budget = ChildBudget(shared, self.stop)
+        self.tool_calls, self.current_tool = 0, None
+        self.result: dict | None = None
+
+    def emit(self, event: str, **data) -> None:
+        if not self.stop.is_set():              # after Ctrl-C the parent has moved on
+            self.parent.on_progress({"event": event, "index": self.index,
+                                     "count": self.count, **data})
+
+#: hardened
 class Child:
     """One sub-agent: its own messages, tools, session id and budget; its parent's
     endpoint and model. In shared mode each of its model calls is also paid from the
@@ -168,8 +267,8 @@ class ChildBudget:
     """A child's model calls: at most MAX_CHILD_ITERATIONS of its own, and in shared
     mode each one also taken from the parent's budget, leaving PARENT_RESERVE calls for
     the parent's own answer. A stopped child gets no more calls. The loop uses it as it
-    uses an IterationBudget (consume, refund, used, remaining); it holds one for its own
-    calls rather than being one."""
+    uses an IterationBudget (consume, used, max_total); it holds one for its own calls
+    rather than being one."""
 
     def __init__(self, shared: IterationBudget | None, stop: threading.Event):
         self.own = IterationBudget(MAX_CHILD_ITERATIONS)
@@ -185,9 +284,6 @@ class ChildBudget:
         self.parent_ran_out = True
         return False
 
-    def refund(self) -> None:
-        self.own.refund()
-
     @property
     def max_total(self) -> int:
         return self.own.max_total
@@ -196,11 +292,27 @@ class ChildBudget:
     def used(self) -> int:
         return self.own.used
 
-    @property
-    def remaining(self) -> int:
-        return self.own.remaining
 
+#: teaching
+def run_child(child: Child) -> None:
+    """A child's thread. Its context is its own: approvals with no human to ask, depth
+    parent + 1, and the stop event that its tool calls check."""
+    APPROVAL_CONTEXT.set(ChildApprovals(child))
+    DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
+    STOP_REQUESTED.set(child.stop)
+    try:
+        child.emit("started", goal=child.goal)
+        status, answer, note = child_loop(child)
+        child.result = child_result(child, status, answer, note)
+        child.emit("finished", status=status, model_calls=child.budget.used,
+                   answer=first_line(answer or note, 100))
+    except Exception as exc:                    # a failing progress callback, say
+        child.result = child_result(child, "error", "", f"the sub-agent failed: "
+                                                        f"{type(exc).__name__}: {first_line(exc)}")
+    finally:
+        child.finished.set()
 
+#: hardened
 def run_child(child: Child) -> None:
     """A child's thread. Its context is its own: approvals with no human to ask, depth
     parent + 1, and the stop event that a running command watches."""
@@ -222,6 +334,27 @@ def run_child(child: Child) -> None:
         child.finished.set()                    # also after an error: the heartbeat ends
 
 
+#: teaching
+def child_loop(child: Child) -> tuple[str, str, str]:
+    """The child's own agent loop (with s05's compression and s06's retries and
+    guardrails), and its (status, answer, note). Nothing a child does raises into its
+    parent: an endpoint error or a crash becomes the status "error"."""
+    try:
+        stopped = run_conversation(child.client, child.model, child.messages,
+                                   MAX_CHILD_ITERATIONS, child_event_handler(child),
+                                   child.tools, child.parent.session.context_length,
+                                   child.parent.session.recovery, budget=child.budget)
+        return child_outcome(child, stopped)
+    except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
+        return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:
+        return "error", partial_answer(child), explain_api_failure(
+            exc, str(child.client.base_url), child.model)
+    except Exception as exc:
+        return "error", partial_answer(child), (f"the sub-agent failed: {type(exc).__name__}: "
+                                                f"{first_line(exc)}")
+
+#: hardened
 def child_loop(child: Child) -> tuple[str, str, str]:
     """The child's own agent loop (with s05's compression and s06's retries and
     guardrails), and its (status, answer, note). Nothing a child does raises into its
@@ -242,6 +375,36 @@ def child_loop(child: Child) -> tuple[str, str, str]:
                                                 f"{first_line(exc)}")
 
 
+#: teaching
+def run_children(parent: Delegator, children: list) -> list[dict]:
+    """Start every child in its own thread and wait for all of them. While they work,
+    the parent's heartbeat says it is alive, unless no child has made progress for
+    stale_beats beats. Ctrl-C stops them: no child makes another model or tool call."""
+    settings = parent.session.delegation
+    last, stale = None, 0
+    try:
+        for child in children:
+            # A new, empty context: the thread sets its own approvals, depth and stop event.
+            threading.Thread(target=contextvars.Context().run, args=(run_child, child),
+                             daemon=True).start()
+        beat = time.monotonic() + settings.heartbeat_interval
+        while not all(child.finished.wait(0.1) for child in children):  # Ctrl-C: in between
+            if time.monotonic() < beat:
+                continue
+            beat += settings.heartbeat_interval
+            progress = [(child.budget.used, child.tool_calls) for child in children]
+            stale, last = (stale + 1 if progress == last else 0), progress
+            if stale < settings.stale_beats:
+                parent.touch(f"{len(children)} sub-agent(s) working, "
+                             f"{sum(used for used, _ in progress)} model call(s) so far")
+    except BaseException:                       # Ctrl-C, or a thread that could not start
+        for child in children:
+            child.stop.set()                    # a running command still ends on its own
+        raise
+    return [child.result or child_result(child, "error", "", "the sub-agent failed")
+            for child in children]
+
+#: hardened
 def run_children(parent: Delegator, children: list) -> list[dict]:
     """Start every child in its own thread and wait for all of them. Ctrl-C stops them:
     each one's running command is killed and it makes no more model calls."""
@@ -259,19 +422,6 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
     return [child.result or child_result(child, "error", "", f"the sub-agent failed: "
                                                              f"{child.crash}")
             for child in children]
-
-#: section Delegation details
-
-CHILD_STOP_GRACE = 2.0                  # seconds Ctrl-C waits for children to stop
-HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
-HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
-PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
-
-# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
-# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
-DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
-# Set in a child's thread: run_terminal() kills its command when the parent stops the child.
-STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
 
 
 class DelegationSettings:
@@ -300,8 +450,9 @@ class Delegator:
 
     def budget_line(self) -> str:
         mode = self.session.delegation.budget_mode
+        counted = "count" if mode == "shared" else "do not count"
         return (f"{self.budget.used} of {self.budget.max_total} model calls of this turn used "
-                f"({mode} budget: children's calls {'count' if mode == 'shared' else 'do not count'})")
+                f"({mode} budget: children's calls {counted})")
 
 
 def child_state_problem(real: Path) -> str | None:
@@ -322,12 +473,46 @@ def child_state_problem(real: Path) -> str | None:
 
 def stop_if_requested() -> None:
     """In a child's thread, once its parent has stopped it: raise what Ctrl-C raises in
-    the main thread, so the same clean-up runs (commands killed, calls answered)."""
+    the main thread, so the same clean-up runs: every open tool call is answered."""
     stop = STOP_REQUESTED.get()
     if stop is not None and stop.is_set():
         raise KeyboardInterrupt
 
 
+#: teaching
+def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
+    """The model's arguments as a list of {goal, context, toolsets}, or what is wrong.
+    The door checked the arguments' types; this checks the tasks inside `tasks`."""
+    if tasks is None:
+        if goal is None:
+            return [], "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."
+        tasks = [{"goal": goal, "context": context, "toolsets": toolsets}]
+    elif goal is not None or context is not None or toolsets is not None:
+        return [], "give either goal (with context, toolsets) or tasks, not both."
+    if not tasks:
+        return [], "tasks is empty."
+    if len(tasks) > MAX_PARALLEL_CHILDREN:
+        return [], (f"at most {MAX_PARALLEL_CHILDREN} tasks run in parallel; got "
+                    f"{len(tasks)}. Delegate the rest in a later call.")
+    specs = []
+    for task in tasks:
+        task = task if isinstance(task, dict) else {}
+        unknown = sorted(set(task) - {"goal", "context", "toolsets"})
+        if unknown:
+            return [], (f"unexpected field(s) {', '.join(unknown)}; a task has goal, "
+                        f"context, toolsets.")
+        if not isinstance(task.get("goal"), str) or not task["goal"].strip():
+            return [], "goal must be a non-empty string."
+        names = task.get("toolsets")
+        if names is not None and not isinstance(names, list):
+            return [], "toolsets must be a list of toolset names."
+        if names == []:                         # never "no toolsets, so every tool"
+            return [], "toolsets is empty: name the toolsets the sub-agent needs."
+        specs.append({"goal": task["goal"], "context": str(task.get("context") or ""),
+                      "toolsets": list(DEFAULT_CHILD_TOOLSETS) if names is None else names})
+    return specs, None
+
+#: hardened
 def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     """The model's arguments as a list of {goal, context, toolsets}, or an error."""
     if tasks is None:
@@ -350,46 +535,9 @@ def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     return specs, None
 
 
-def task_spec(task) -> tuple[dict | None, str | None]:
-    if not isinstance(task, dict):
-        return None, "each task must be an object {goal, context, toolsets}."
-    unknown = sorted(set(task) - {"goal", "context", "toolsets"})
-    if unknown:
-        return None, f"unexpected field(s) {shown_names(unknown)}; a task has goal, context, toolsets."
-    goal, context, toolsets = task.get("goal"), task.get("context"), task.get("toolsets")
-    if not isinstance(goal, str) or not goal.strip():
-        return None, "goal must be a non-empty string."
-    if context is not None and not isinstance(context, str):
-        return None, "context must be a string."
-    if toolsets is not None and (not isinstance(toolsets, list)
-                                 or not all(isinstance(name, str) for name in toolsets)):
-        return None, "toolsets must be a list of toolset names."
-    if toolsets == []:
-        return None, "toolsets is empty: name the toolsets the sub-agent needs."
-    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None     # None: default
-
-
-def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
-    """Every child of the batch, or the first task's problem: nothing starts unless all can."""
-    children = []
-    for index, spec in enumerate(specs, start=1):
-        if spec["toolsets"] is None:            # the defaults that this agent has
-            spec["toolsets"] = [name for name in DEFAULT_CHILD_TOOLSETS
-                                if name in offered_toolsets(parent.session.tools)]
-        problem = toolsets_problem(parent.session.tools, spec["toolsets"])
-        if problem:
-            return [], f"task {index}: {problem}" if len(specs) > 1 else problem
-        children.append(build_child_agent(parent, spec, index, len(specs)))
-    return children, None
-
-
 def toolset_of(tool: dict) -> str | None:
     entry = REGISTRY.get(tool["function"]["name"])
     return entry.toolset if entry is not None else None
-
-
-def offered_toolsets(tools: list) -> set[str]:
-    return {toolset_of(tool) for tool in tools} - {None}
 
 
 def child_tools(parent_tools: list, toolsets: list) -> list:
@@ -399,31 +547,40 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
             and toolset_of(tool) in toolsets]
 
 
-def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:
-    """Why these toolsets cannot make a child: unknown, not the parent's, or no tool
-    left once the blocked ones are gone. Never "no toolsets, so every tool"."""
-    if not toolsets:
-        return (f"none of the default toolsets ({', '.join(DEFAULT_CHILD_TOOLSETS)}) is "
-                f"offered to this agent: name the toolsets the sub-agent needs.")
-    unknown = sorted(set(toolsets) - set(REGISTRY.toolsets()))
-    if unknown:
-        return f"unknown toolset(s) {shown_names(unknown)}; known: {', '.join(REGISTRY.toolsets())}."
-    missing = sorted(set(toolsets) - offered_toolsets(parent_tools))
-    if missing:
-        return (f"toolset(s) {', '.join(missing)} are not offered to this agent, so not to "
-                f"its sub-agents either.")
-    if not child_tools(parent_tools, toolsets):
-        return (f"no tools left in {', '.join(sorted(set(toolsets)))} once the tools a "
-                f"sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
-    return None
+#: teaching
+class ChildApprovals:
+    """A child's approval context: the parent's policy object (allowlist.json, write
+    root) with the child's own session id, so nothing it does lands in the parent's
+    session approvals. Nobody can be asked: YOLO, mode off and the smart reviewer never
+    approve for it, and its dangerous commands are denied, or with --child-approvals
+    once approved once. An ApprovalContext of its own does the rest (composition: no
+    subclass of a later section)."""
 
+    def __init__(self, child: Child):
+        self.context = ApprovalContext(child.permissions, child, read_answer=None)
+        self.child = child
 
-def shown_names(names: list) -> str:
-    """Names from the model in an error message: visible, short, at most five."""
-    shown = ", ".join(preview(name) for name in names[:5])
-    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    def __getattr__(self, name: str):
+        return getattr(self.context, name)      # permissions, session_id, remember(), ...
 
+    def yolo_source(self) -> str | None:
+        return None
 
+    def uses_smart_review(self) -> bool:
+        return False                            # a model's verdict is no person's answer
+
+    def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
+        label = f"[sub-agent {self.child.index}]"
+        once = self.child.parent.session.delegation.child_approvals == "once"
+        if once and "session" in choices:       # never a finding only a person may approve
+            show_approval_note(f"{label} approved once without asking (--child-approvals "
+                               f"once): {described(findings)}")
+            return "once", ""
+        show_approval_note(f"{label} denied: {described(findings)}")
+        return "deny", ("a sub-agent has nobody to ask, and its dangerous commands are "
+                        "denied (--child-approvals deny)")
+
+#: hardened
 class ChildApprovals:
     """A child's approval context. It shares the parent's policy object (allowlist.json,
     write root) but has its own session id, so nothing it does lands in the parent's
@@ -487,19 +644,6 @@ def preview(text: str) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
 
 
-def child_recovery(child: Child) -> RetryPolicy:
-    """The parent's retries and fallback, with waits that end when the child is stopped."""
-    policy = copy.copy(child.parent.session.recovery)
-    notify = policy.notify
-
-    def interruptible_sleep(seconds: float) -> None:
-        if child.stop.wait(seconds):
-            raise KeyboardInterrupt             # what Ctrl-C is in the main thread
-    policy.sleep = interruptible_sleep
-    policy.notify = lambda line: notify(f"[sub-agent {child.index}] {line}")
-    return policy
-
-
 def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     """(status, answer, note) once the child's loop has returned."""
     last = child.messages[-1] if child.messages else {}
@@ -535,6 +679,87 @@ def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     if note:
         result["note"] = note
     return result
+
+#: section Delegation details | hardened
+
+CHILD_STOP_GRACE = 2.0                  # seconds Ctrl-C waits for children to stop
+
+
+def task_spec(task) -> tuple[dict | None, str | None]:
+    if not isinstance(task, dict):
+        return None, "each task must be an object {goal, context, toolsets}."
+    unknown = sorted(set(task) - {"goal", "context", "toolsets"})
+    if unknown:
+        return None, (f"unexpected field(s) {shown_names(unknown)}; a task has goal, context, "
+                      f"toolsets.")
+    goal, context, toolsets = task.get("goal"), task.get("context"), task.get("toolsets")
+    if not isinstance(goal, str) or not goal.strip():
+        return None, "goal must be a non-empty string."
+    if context is not None and not isinstance(context, str):
+        return None, "context must be a string."
+    if toolsets is not None and (not isinstance(toolsets, list)
+                                 or not all(isinstance(name, str) for name in toolsets)):
+        return None, "toolsets must be a list of toolset names."
+    if toolsets == []:
+        return None, "toolsets is empty: name the toolsets the sub-agent needs."
+    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None     # None: default
+
+
+def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
+    """Every child of the batch, or the first task's problem: nothing starts unless all can."""
+    children = []
+    for index, spec in enumerate(specs, start=1):
+        if spec["toolsets"] is None:            # the defaults that this agent has
+            spec["toolsets"] = [name for name in DEFAULT_CHILD_TOOLSETS
+                                if name in offered_toolsets(parent.session.tools)]
+        problem = toolsets_problem(parent.session.tools, spec["toolsets"])
+        if problem:
+            return [], f"task {index}: {problem}" if len(specs) > 1 else problem
+        children.append(build_child_agent(parent, spec, index, len(specs)))
+    return children, None
+
+
+def offered_toolsets(tools: list) -> set[str]:
+    return {toolset_of(tool) for tool in tools} - {None}
+
+
+def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:
+    """Why these toolsets cannot make a child: unknown, not the parent's, or no tool
+    left once the blocked ones are gone. Never "no toolsets, so every tool"."""
+    if not toolsets:
+        return (f"none of the default toolsets ({', '.join(DEFAULT_CHILD_TOOLSETS)}) is "
+                f"offered to this agent: name the toolsets the sub-agent needs.")
+    unknown = sorted(set(toolsets) - set(REGISTRY.toolsets()))
+    if unknown:
+        known = ", ".join(REGISTRY.toolsets())
+        return f"unknown toolset(s) {shown_names(unknown)}; known: {known}."
+    missing = sorted(set(toolsets) - offered_toolsets(parent_tools))
+    if missing:
+        return (f"toolset(s) {', '.join(missing)} are not offered to this agent, so not to "
+                f"its sub-agents either.")
+    if not child_tools(parent_tools, toolsets):
+        return (f"no tools left in {', '.join(sorted(set(toolsets)))} once the tools a "
+                f"sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
+    return None
+
+
+def shown_names(names: list) -> str:
+    """Names from the model in an error message: visible, short, at most five."""
+    shown = ", ".join(preview(name) for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def child_recovery(child: Child) -> RetryPolicy:
+    """The parent's retries and fallback, with waits that end when the child is stopped."""
+    policy = copy.copy(child.parent.session.recovery)
+    notify = policy.notify
+
+    def interruptible_sleep(seconds: float) -> None:
+        if child.stop.wait(seconds):
+            raise KeyboardInterrupt             # what Ctrl-C is in the main thread
+    policy.sleep = interruptible_sleep
+    policy.notify = lambda line: notify(f"[sub-agent {child.index}] {line}")
+    return policy
 
 
 def start_heartbeat(child: Child) -> None:
@@ -586,6 +811,27 @@ def stop_children(children: list) -> None:
 #: section Delegation commands | plumbing
 
 
+#: teaching
+def show_child_event(event: dict) -> None:
+    """A child's progress as a tree under the parent's delegate_task line, prefixed
+    [1], [2], [3] when several children run at once."""
+    tag = f"[{event['index']}] " if event["count"] > 1 else ""
+    kind, style = event["event"], "magenta"
+    if kind == "started":
+        line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
+    elif kind == "tool_started":
+        line = f"├─ {tag}{preview(event['tool'])} {event['preview']}"
+    elif kind == "tool_finished" and event["outcome"] not in ("ok", "landed"):
+        line, style = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}", "yellow"
+    elif kind == "finished":
+        style = "green" if event["status"] == "completed" else "yellow"
+        line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
+                f"{preview_line(event['answer'])}")
+    else:
+        return
+    console.print(Text("    " + line, style=style))
+
+#: hardened
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
     [1], [2], [3] when several children run at once."""
@@ -631,6 +877,22 @@ def delegation_summary(result: str) -> str | None:
     return "\n".join(lines + [f"    {data.get('budget', '')}"])
 
 
+#: teaching
+def show_delegation(session: Session, argument: str) -> None:
+    """/delegation: how sub-agents run in this session."""
+    settings = session.delegation
+    for name, value in (
+            ("budget", f"{settings.budget_mode} (--child-budget); {PARENT_RESERVE} call kept "
+                       f"for the parent"),
+            ("per child", f"{MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} "
+                          f"in parallel, depth {MAX_CHILD_DEPTH}"),
+            ("tools", f"never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}"),
+            ("approvals", f"{settings.child_approvals} (--child-approvals)"),
+            ("heartbeat", f"every {settings.heartbeat_interval:g} s, last: "
+                          f"{session.last_activity[1]}")):
+        console.print(Text(f"  {name:<10} {value}"))
+
+#: hardened
 def show_delegation(session: Session, argument: str) -> None:
     """/delegation: how sub-agents run in this session."""
     settings = session.delegation
@@ -820,6 +1082,7 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
     return any(error is None for _, error in checked)
 
 
+#: hardened
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
     """True if the command exited and closed its output within `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -1106,7 +1369,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

@@ -54,11 +54,12 @@ def table(header_start: str) -> list[list[str]]:
     pytest.fail(f"no table starting with the column {header_start!r} in {CHAPTER.name}")
 
 
-def attempts() -> list[tuple[str, str]]:
-    """(the raw arguments, the text the answer must hold) for each row of "Under attack"."""
+def attempts() -> list[tuple[str, str, str]]:
+    """(the raw arguments, the text the teaching edition's answer must hold, the text the
+    hardened edition's must hold) for each row of "Under attack"."""
     rows = table("The model sends")
     assert len(rows) >= 8, rows
-    return [(CODE.findall(sent)[0], answer) for sent, answer in rows]
+    return [(CODE.findall(sent)[0], teaching, hardened) for sent, teaching, hardened in rows]
 
 
 @pytest.fixture
@@ -72,10 +73,12 @@ def parent_of(s10, session) -> object:
     return s10.Delegator(session, budget, 0)
 
 
-@pytest.mark.parametrize("stage", STAGES, indirect=True)
-@pytest.mark.parametrize("raw, expected", attempts())
-def test_what_a_model_sends_gets_the_answer_the_chapter_shows(stage, raw, expected, tmp_path,
-                                                               monkeypatch):
+@pytest.mark.parametrize("stage_name", STAGES)
+@pytest.mark.parametrize("raw, teaching, hardened", attempts())
+def test_what_a_model_sends_gets_the_answer_the_chapter_shows(stage_name, raw, teaching,
+                                                               hardened, tmp_path, monkeypatch):
+    stage = fresh_stage(stage_name)
+    expected = teaching if edition_of(stage_name) == "teaching" else hardened
     monkeypatch.chdir(tmp_path)
     started = []
     monkeypatch.setattr(stage, "run_children", lambda parent, children: started.append(1))

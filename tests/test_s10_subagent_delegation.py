@@ -280,7 +280,8 @@ NOT_BOTH = "give either goal (with context, toolsets) or tasks, not both."
 
 @pytest.mark.parametrize("arguments,error", [
     ({"goal": "x", "toolsets": []}, "toolsets is empty: name the toolsets the sub-agent needs."),
-    ({"goal": "x", "toolsets": ["terminal", "nope"]}, "unknown toolset(s) nope; known: "),
+    pytest.param({"goal": "x", "toolsets": ["terminal", "nope"]}, "unknown toolset(s) nope; known: ",
+                 marks=pytest.mark.hardening),
     ({"goal": "x", "toolsets": ["memory"]}, "no tools left in memory once the tools a "
      "sub-agent never gets (delegate_task, memory, session_search, skill_manage) are removed."),
     ({"goal": "x", "toolsets": ["delegation"]}, "no tools left in delegation once"),
@@ -293,18 +294,20 @@ NOT_BOTH = "give either goal (with context, toolsets) or tasks, not both."
     ({"tasks": []}, "tasks is empty."),
     ({}, "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."),
     ({"goal": "  "}, "goal must be a non-empty string."),
-    ({"goal": "x", "context": 3}, "context must be a string."),
-    ({"tasks": [{"goal": "a"}, "b"]}, "task 2: each task must be an object"),
+    pytest.param({"goal": "x", "context": 3}, "context must be a string.",
+                 marks=pytest.mark.hardening),
+    pytest.param({"tasks": [{"goal": "a"}, "b"]}, "task 2: each task must be an object",
+                 marks=pytest.mark.hardening),
     ({"tasks": [{"goal": "a", "tools": ["x"]}]}, "unexpected field(s) tools; a task has goal, "
      "context, toolsets."),
-    ({"tasks": [{"goal": "a"}, {"goal": "b", "toolsets": ["nope"]}]},
-     "task 2: unknown toolset(s) nope"),
-    ({"goal": "x", "toolsets": [f"n{k}" for k in range(1, 7)]},
-     "unknown toolset(s) n1, n2, n3, n4, n5 and 1 more; known: "),
+    pytest.param({"tasks": [{"goal": "a"}, {"goal": "b", "toolsets": ["nope"]}]},
+     "task 2: unknown toolset(s) nope", marks=pytest.mark.hardening),
+    pytest.param({"goal": "x", "toolsets": [f"n{k}" for k in range(1, 7)]},
+     "unknown toolset(s) n1, n2, n3, n4, n5 and 1 more; known: ", marks=pytest.mark.hardening),
     ({"tasks": [{"goal": "a", **{f"f{k}": 1 for k in range(1, 6)}}]},
      "unexpected field(s) f1, f2, f3, f4, f5; a task"),
-    ({"tasks": [{"goal": "a", "x\u200b" + "y" * 80: 1}]},
-     "unexpected field(s) x\\u200b" + "y" * 52 + "…; a task"),
+    pytest.param({"tasks": [{"goal": "a", "x\u200b" + "y" * 80: 1}]},
+     "unexpected field(s) x\\u200b" + "y" * 52 + "…; a task", marks=pytest.mark.hardening),
 ])
 def test_bad_tasks_are_errors_and_nothing_is_delegated(stage, work, arguments, error):
     with FakeOpenAI() as server:
@@ -342,6 +345,7 @@ def test_three_tasks_run_and_an_error_reaches_the_model_as_the_tool_result(stage
     assert [c["status"] for c in result["children"]] == ["completed"] * 3
 
 
+@pytest.mark.hardening
 def test_a_child_never_gets_a_toolset_its_parent_lacks(stage, work):
     tools = stage.REGISTRY.get_definitions({"terminal", "delegation"})    # --toolsets
     children = script({"ls": [reply("listed")]})
@@ -361,6 +365,7 @@ def test_a_child_never_gets_a_toolset_its_parent_lacks(stage, work):
                 "the toolsets the sub-agent needs. Nothing was delegated.")
 
 
+@pytest.mark.hardening
 def test_the_flag_toolsets_limits_the_children_too(stage, work):
     argv = ("--toolsets", "terminal,delegation")
     asked = run_main(stage, "-p", 'call delegate_task {"goal": "read it", "toolsets": ["file"]}',
@@ -538,6 +543,7 @@ def test_child_approvals_once_approves_each_command_once_and_stores_nothing(stag
     assert permissions.session_approved == {}
 
 
+@pytest.mark.hardening
 def test_a_command_only_a_person_may_approve_is_denied_even_with_once(stage, work, monkeypatch):
     opaque = stage.Finding("too_complex", "too complex to analyse", "dangerous", True)
     monkeypatch.setattr(stage, "detect_dangerous_command", lambda command: [opaque])
@@ -670,6 +676,7 @@ def test_a_crash_inside_a_child_is_its_error(stage, work, monkeypatch):
     assert (child["status"], child["note"]) == ("error", "the sub-agent failed: RuntimeError: boom")
 
 
+@pytest.mark.hardening
 def test_a_child_whose_progress_report_fails_is_an_error_and_ends(stage, work, monkeypatch):
     def broken(event):
         if event["event"] == "started":
@@ -769,6 +776,25 @@ def terminal_beats(events) -> list[dict]:
     return [e for e in events if e["event"] == "heartbeat" and e["activity"] == "terminal"]
 
 
+
+def test_the_heartbeat_touches_the_parent_and_stops_when_no_child_progresses(stage, work,
+                                                                             monkeypatch):
+    """Every beat touches the parent until stale_beats beats pass without a model or tool
+    call: a 2 s command at 0.05 s beats would touch it some 40 times, a stale heartbeat
+    only a few."""
+    touches = []
+    monkeypatch.setattr(stage.Delegator, "touch", lambda self, activity: touches.append(activity))
+    children = script({"slow": [reply("", call("terminal", {"command": "sleep 2"})),
+                                reply("slept")]})
+    with FakeOpenAI(responder=endpoint(stage, delegating(goal="slow"), children)) as server:
+        session = agent(stage, server, heartbeat_interval=0.05, stale_beats=3)
+        assert run(stage, session)
+    assert delegation_result(session)["children"][0]["status"] == "completed"
+    assert touches and all("sub-agent" in activity for activity in touches), touches
+    assert len(touches) <= 10, f"the heartbeat went on without progress: {len(touches)} touches"
+
+
+@pytest.mark.hardening
 def test_the_heartbeat_keeps_the_parent_fresh_and_ends_with_the_child(stage, work, progress,
                                                                        monkeypatch, capsys):
     ended, seen, go = ended_heartbeats(stage, monkeypatch), {}, work / "go"
@@ -807,6 +833,7 @@ class FinishedJustAfterTheWait(threading.Event):
         return True
 
 
+@pytest.mark.hardening
 def test_no_heartbeat_after_the_child_has_finished(stage):
     events, touched = [], []
     child = types.SimpleNamespace(
@@ -818,6 +845,7 @@ def test_no_heartbeat_after_the_child_has_finished(stage):
     assert events == [] and touched == []
 
 
+@pytest.mark.hardening
 def test_the_heartbeat_stops_after_stale_beats_without_progress(stage, work, progress,
                                                                 monkeypatch, capsys):
     ended, seen, go = ended_heartbeats(stage, monkeypatch), {}, work / "go"
@@ -868,6 +896,37 @@ def ctrl_c_when(ready, sent: dict) -> threading.Thread:
     return thread
 
 
+
+def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, work, progress,
+                                                                       ctrl_c_raises):
+    """Both editions: the turn ends at once with every call answered, and a child whose
+    command was running makes no model call and runs no tool after it (the teaching
+    edition lets the command end on its own; the hardened one kills it)."""
+    commands = {goal: f"echo $$ > {goal}.pid; sleep 3; echo done > {goal}.out"
+                for goal in ("one", "two")}
+    later = call("terminal", {"command": "echo ran > later.out"})
+    children = lambda goal, calls: reply("", call("terminal", {"command": commands[goal]})) \
+        if calls == 0 else reply("", later)
+    tasks = [{"goal": "one"}, {"goal": "two"}]
+    with FakeOpenAI(responder=endpoint(stage, delegating(tasks=tasks), children)) as server:
+        session, sent = agent(stage, server), {}
+        sender = ctrl_c_when(lambda: pid_in_file(work / "one.pid") is not None
+                             and pid_in_file(work / "two.pid") is not None, sent)
+        with pytest.raises(KeyboardInterrupt):
+            run(stage, session)
+        stopped_after = time.monotonic() - sent["at"]
+        sender.join()
+        assert sent["ready"], "the children's commands never ran"
+        time.sleep(3.5)                             # the commands have ended by now
+        assert len(server.requests) == 3                # no model call after Ctrl-C
+    assert stopped_after < 2, "Ctrl-C waited for the children's commands"
+    assert not (work / "later.out").exists()
+    assert pairing_problems(session.messages) == []
+    assert session.messages[-1]["tool_call_id"] == "d1" \
+        and "interrupted" in session.messages[-1]["content"]
+
+
+@pytest.mark.hardening
 def test_ctrl_c_kills_the_childrens_commands_and_keeps_the_parent_valid(stage, work, progress,
                                                                        ctrl_c_raises):
     commands = {goal: f"echo $$ > {goal}.pid; exec sleep 30" for goal in ("one", "two")}
@@ -902,6 +961,7 @@ def test_ctrl_c_kills_the_childrens_commands_and_keeps_the_parent_valid(stage, w
         and "interrupted" in session.messages[-1]["content"]
 
 
+@pytest.mark.hardening
 def test_ctrl_c_gives_up_on_a_child_still_waiting_for_the_endpoint(stage, work, progress,
                                                                   monkeypatch, ctrl_c_raises):
     monkeypatch.setattr(stage, "CHILD_STOP_GRACE", 0.2)
@@ -932,6 +992,7 @@ def test_ctrl_c_gives_up_on_a_child_still_waiting_for_the_endpoint(stage, work, 
     assert len(server.requests) == 2 and pairing_problems(session.messages) == []
 
 
+@pytest.mark.hardening
 def test_a_stopped_child_runs_none_of_the_calls_its_late_answer_brings(
         stage, work, progress, monkeypatch, ctrl_c_raises):
     """Ctrl-C while the child waits for its model: the answer that still arrives asks for
@@ -1033,6 +1094,7 @@ def test_the_flags_reach_the_sessions_delegation_settings(stage, work, monkeypat
         assert run_main(stage, "-p", "x", *bad).returncode == 2
 
 
+@pytest.mark.hardening
 def test_the_delegation_command_describes_the_settings(stage, work):
     shown = run_main(stage, "-p", "/delegation", "--max-iterations", "9").stdout
     assert ("  budget     shared: children's model calls come out of the turn's 9 "
@@ -1049,6 +1111,15 @@ def test_the_delegation_command_describes_the_settings(stage, work):
     assert ("  budget     independent: each child has its own calls; a turn may cost more than "
             "--max-iterations") in other
     assert "dangerous commands: once (--child-approvals)" in other and "every 7 s;" in other
+
+
+def test_the_delegation_command_shows_the_settings(stage, work):
+    shown = run_main(stage, "-p", "/delegation", "--child-budget", "independent",
+                     "--child-approvals", "once", "--heartbeat-interval", "7").stdout
+    assert "  budget     independent" in shown
+    assert "  per child  15 model calls, up to 3 in parallel, depth 1" in shown
+    assert "never delegate_task, memory, session_search, skill_manage" in shown
+    assert "once (--child-approvals)" in shown and "  heartbeat  every 7 s" in shown
 
 
 # ── the demo ──────────────────────────────────────────────────────────────

@@ -692,11 +692,21 @@ PARENT_RESERVE = 1                      # shared budget: calls children leave fo
 CHILD_BUDGET_MODES = ("shared", "independent")  # --child-budget
 CHILD_APPROVALS = ("deny", "once")      # --child-approvals: a child's dangerous commands
 CHILD_STATUSES = ("completed", "iteration_limit", "budget_exhausted", "error", "interrupted")
+HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
+HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
+PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
 CHILD_SYSTEM_PROMPT = (
     "You are a sub-agent. Another agent gave you one task: the user message. Do it with "
     "your tools, then answer with what you found or did, briefly and completely; only "
     "your final answer reaches the other agent. Nobody can answer questions from you, "
     "and commands that need a person's approval are refused.")
+
+
+# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
+# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
+DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
+# Set in a child's thread: the event its parent sets to stop it (Ctrl-C).
+STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
 
 
 def delegate_task(goal: str | None = None, context: str | None = None,
@@ -764,8 +774,8 @@ class ChildBudget:
     """A child's model calls: at most MAX_CHILD_ITERATIONS of its own, and in shared
     mode each one also taken from the parent's budget, leaving PARENT_RESERVE calls for
     the parent's own answer. A stopped child gets no more calls. The loop uses it as it
-    uses an IterationBudget (consume, refund, used, remaining); it holds one for its own
-    calls rather than being one."""
+    uses an IterationBudget (consume, used, max_total); it holds one for its own calls
+    rather than being one."""
 
     def __init__(self, shared: IterationBudget | None, stop: threading.Event):
         self.own = IterationBudget(MAX_CHILD_ITERATIONS)
@@ -781,9 +791,6 @@ class ChildBudget:
         self.parent_ran_out = True
         return False
 
-    def refund(self) -> None:
-        self.own.refund()
-
     @property
     def max_total(self) -> int:
         return self.own.max_total
@@ -791,10 +798,6 @@ class ChildBudget:
     @property
     def used(self) -> int:
         return self.own.used
-
-    @property
-    def remaining(self) -> int:
-        return self.own.remaining
 
 
 def run_child(child: Child) -> None:
@@ -856,19 +859,6 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
                                                              f"{child.crash}")
             for child in children]
 
-# ── [s10] Delegation details ────────────────────────────────────────────────
-
-CHILD_STOP_GRACE = 2.0                  # seconds Ctrl-C waits for children to stop
-HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
-HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
-PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
-
-# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
-# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
-DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
-# Set in a child's thread: run_terminal() kills its command when the parent stops the child.
-STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
-
 
 class DelegationSettings:
     """How this agent delegates, fixed by main() at start-up."""
@@ -896,8 +886,9 @@ class Delegator:
 
     def budget_line(self) -> str:
         mode = self.session.delegation.budget_mode
+        counted = "count" if mode == "shared" else "do not count"
         return (f"{self.budget.used} of {self.budget.max_total} model calls of this turn used "
-                f"({mode} budget: children's calls {'count' if mode == 'shared' else 'do not count'})")
+                f"({mode} budget: children's calls {counted})")
 
 
 def child_state_problem(real: Path) -> str | None:
@@ -918,7 +909,7 @@ def child_state_problem(real: Path) -> str | None:
 
 def stop_if_requested() -> None:
     """In a child's thread, once its parent has stopped it: raise what Ctrl-C raises in
-    the main thread, so the same clean-up runs (commands killed, calls answered)."""
+    the main thread, so the same clean-up runs: every open tool call is answered."""
     stop = STOP_REQUESTED.get()
     if stop is not None and stop.is_set():
         raise KeyboardInterrupt
@@ -946,46 +937,9 @@ def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     return specs, None
 
 
-def task_spec(task) -> tuple[dict | None, str | None]:
-    if not isinstance(task, dict):
-        return None, "each task must be an object {goal, context, toolsets}."
-    unknown = sorted(set(task) - {"goal", "context", "toolsets"})
-    if unknown:
-        return None, f"unexpected field(s) {shown_names(unknown)}; a task has goal, context, toolsets."
-    goal, context, toolsets = task.get("goal"), task.get("context"), task.get("toolsets")
-    if not isinstance(goal, str) or not goal.strip():
-        return None, "goal must be a non-empty string."
-    if context is not None and not isinstance(context, str):
-        return None, "context must be a string."
-    if toolsets is not None and (not isinstance(toolsets, list)
-                                 or not all(isinstance(name, str) for name in toolsets)):
-        return None, "toolsets must be a list of toolset names."
-    if toolsets == []:
-        return None, "toolsets is empty: name the toolsets the sub-agent needs."
-    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None     # None: default
-
-
-def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
-    """Every child of the batch, or the first task's problem: nothing starts unless all can."""
-    children = []
-    for index, spec in enumerate(specs, start=1):
-        if spec["toolsets"] is None:            # the defaults that this agent has
-            spec["toolsets"] = [name for name in DEFAULT_CHILD_TOOLSETS
-                                if name in offered_toolsets(parent.session.tools)]
-        problem = toolsets_problem(parent.session.tools, spec["toolsets"])
-        if problem:
-            return [], f"task {index}: {problem}" if len(specs) > 1 else problem
-        children.append(build_child_agent(parent, spec, index, len(specs)))
-    return children, None
-
-
 def toolset_of(tool: dict) -> str | None:
     entry = REGISTRY.get(tool["function"]["name"])
     return entry.toolset if entry is not None else None
-
-
-def offered_toolsets(tools: list) -> set[str]:
-    return {toolset_of(tool) for tool in tools} - {None}
 
 
 def child_tools(parent_tools: list, toolsets: list) -> list:
@@ -993,31 +947,6 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
     return [tool for tool in parent_tools
             if tool["function"]["name"] not in DELEGATE_BLOCKED_TOOLS
             and toolset_of(tool) in toolsets]
-
-
-def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:
-    """Why these toolsets cannot make a child: unknown, not the parent's, or no tool
-    left once the blocked ones are gone. Never "no toolsets, so every tool"."""
-    if not toolsets:
-        return (f"none of the default toolsets ({', '.join(DEFAULT_CHILD_TOOLSETS)}) is "
-                f"offered to this agent: name the toolsets the sub-agent needs.")
-    unknown = sorted(set(toolsets) - set(REGISTRY.toolsets()))
-    if unknown:
-        return f"unknown toolset(s) {shown_names(unknown)}; known: {', '.join(REGISTRY.toolsets())}."
-    missing = sorted(set(toolsets) - offered_toolsets(parent_tools))
-    if missing:
-        return (f"toolset(s) {', '.join(missing)} are not offered to this agent, so not to "
-                f"its sub-agents either.")
-    if not child_tools(parent_tools, toolsets):
-        return (f"no tools left in {', '.join(sorted(set(toolsets)))} once the tools a "
-                f"sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
-    return None
-
-
-def shown_names(names: list) -> str:
-    """Names from the model in an error message: visible, short, at most five."""
-    shown = ", ".join(preview(name) for name in names[:5])
-    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 class ChildApprovals:
@@ -1083,19 +1012,6 @@ def preview(text: str) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
 
 
-def child_recovery(child: Child) -> RetryPolicy:
-    """The parent's retries and fallback, with waits that end when the child is stopped."""
-    policy = copy.copy(child.parent.session.recovery)
-    notify = policy.notify
-
-    def interruptible_sleep(seconds: float) -> None:
-        if child.stop.wait(seconds):
-            raise KeyboardInterrupt             # what Ctrl-C is in the main thread
-    policy.sleep = interruptible_sleep
-    policy.notify = lambda line: notify(f"[sub-agent {child.index}] {line}")
-    return policy
-
-
 def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     """(status, answer, note) once the child's loop has returned."""
     last = child.messages[-1] if child.messages else {}
@@ -1131,6 +1047,87 @@ def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     if note:
         result["note"] = note
     return result
+
+# ── [s10] Delegation details ────────────────────────────────────────────────
+
+CHILD_STOP_GRACE = 2.0                  # seconds Ctrl-C waits for children to stop
+
+
+def task_spec(task) -> tuple[dict | None, str | None]:
+    if not isinstance(task, dict):
+        return None, "each task must be an object {goal, context, toolsets}."
+    unknown = sorted(set(task) - {"goal", "context", "toolsets"})
+    if unknown:
+        return None, (f"unexpected field(s) {shown_names(unknown)}; a task has goal, context, "
+                      f"toolsets.")
+    goal, context, toolsets = task.get("goal"), task.get("context"), task.get("toolsets")
+    if not isinstance(goal, str) or not goal.strip():
+        return None, "goal must be a non-empty string."
+    if context is not None and not isinstance(context, str):
+        return None, "context must be a string."
+    if toolsets is not None and (not isinstance(toolsets, list)
+                                 or not all(isinstance(name, str) for name in toolsets)):
+        return None, "toolsets must be a list of toolset names."
+    if toolsets == []:
+        return None, "toolsets is empty: name the toolsets the sub-agent needs."
+    return {"goal": goal, "context": context or "", "toolsets": toolsets}, None     # None: default
+
+
+def build_children(parent: Delegator, specs: list) -> tuple[list, str | None]:
+    """Every child of the batch, or the first task's problem: nothing starts unless all can."""
+    children = []
+    for index, spec in enumerate(specs, start=1):
+        if spec["toolsets"] is None:            # the defaults that this agent has
+            spec["toolsets"] = [name for name in DEFAULT_CHILD_TOOLSETS
+                                if name in offered_toolsets(parent.session.tools)]
+        problem = toolsets_problem(parent.session.tools, spec["toolsets"])
+        if problem:
+            return [], f"task {index}: {problem}" if len(specs) > 1 else problem
+        children.append(build_child_agent(parent, spec, index, len(specs)))
+    return children, None
+
+
+def offered_toolsets(tools: list) -> set[str]:
+    return {toolset_of(tool) for tool in tools} - {None}
+
+
+def toolsets_problem(parent_tools: list, toolsets: list) -> str | None:
+    """Why these toolsets cannot make a child: unknown, not the parent's, or no tool
+    left once the blocked ones are gone. Never "no toolsets, so every tool"."""
+    if not toolsets:
+        return (f"none of the default toolsets ({', '.join(DEFAULT_CHILD_TOOLSETS)}) is "
+                f"offered to this agent: name the toolsets the sub-agent needs.")
+    unknown = sorted(set(toolsets) - set(REGISTRY.toolsets()))
+    if unknown:
+        known = ", ".join(REGISTRY.toolsets())
+        return f"unknown toolset(s) {shown_names(unknown)}; known: {known}."
+    missing = sorted(set(toolsets) - offered_toolsets(parent_tools))
+    if missing:
+        return (f"toolset(s) {', '.join(missing)} are not offered to this agent, so not to "
+                f"its sub-agents either.")
+    if not child_tools(parent_tools, toolsets):
+        return (f"no tools left in {', '.join(sorted(set(toolsets)))} once the tools a "
+                f"sub-agent never gets ({', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}) are removed.")
+    return None
+
+
+def shown_names(names: list) -> str:
+    """Names from the model in an error message: visible, short, at most five."""
+    shown = ", ".join(preview(name) for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def child_recovery(child: Child) -> RetryPolicy:
+    """The parent's retries and fallback, with waits that end when the child is stopped."""
+    policy = copy.copy(child.parent.session.recovery)
+    notify = policy.notify
+
+    def interruptible_sleep(seconds: float) -> None:
+        if child.stop.wait(seconds):
+            raise KeyboardInterrupt             # what Ctrl-C is in the main thread
+    policy.sleep = interruptible_sleep
+    policy.notify = lambda line: notify(f"[sub-agent {child.index}] {line}")
+    return policy
 
 
 def start_heartbeat(child: Child) -> None:
