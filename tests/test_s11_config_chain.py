@@ -201,18 +201,33 @@ def table(stdout: str) -> list[tuple[str, str, str]]:
     return [tuple(row) for row in rows if row != ["key", "value", "source"]]
 
 
+# s06's no-progress guardrail is in the hardened edition only, and so is its setting.
+NO_PROGRESS = "guardrails.no_progress"
+HARDENED_ONLY_KEYS = {NO_PROGRESS}
+
+
+def has_setting(stage, key: str) -> bool:
+    """Whether this edition has `key` (checked, not assumed: the teaching edition must
+    not have a hardened-only key either)."""
+    expected = key not in HARDENED_ONLY_KEYS or "hardened" in stage.__name__
+    assert (key in stage.SETTINGS_BY_KEY) == expected, key
+    return expected
+
+
 def spec_value(value, folder: Path):
     return folder.resolve() if value == "{folder}" else value
 
 
 def test_the_table_has_every_setting_with_its_default(stage, home):
     ours = [s for s in stage.SETTINGS if s.key in DEFAULTS]     # later stages add more
-    assert [setting.key for setting in ours] == [row[0] for row in SPEC]
+    spec = [row for row in SPEC if has_setting(stage, row[0])]
+    defaults = {key: value for key, value in DEFAULTS.items() if has_setting(stage, key)}
+    assert [setting.key for setting in ours] == [row[0] for row in spec]
     assert {s.key: (s.env, s.flag) for s in ours} == {
-        key: (env, flag) for key, env, flag, _, _ in SPEC}
+        key: (env, flag) for key, env, flag, _, _ in spec}
     config = chain(stage, home)
-    assert {key: config[key] for key in DEFAULTS} == DEFAULTS
-    assert {config.origin(key) for key in DEFAULTS} == {"default"}
+    assert {key: config[key] for key in defaults} == defaults
+    assert {config.origin(key) for key in defaults} == {"default"}
     assert [s.key for s in stage.SETTINGS if s.secret] == ["api_key"]
     assert config.files == [] and config.warnings == []
 
@@ -220,6 +235,8 @@ def test_the_table_has_every_setting_with_its_default(stage, home):
 @pytest.mark.parametrize("key,env,flag,text,value", SPEC, ids=[row[0] for row in SPEC])
 def test_every_setting_from_every_layer_that_has_it(stage, home, tmp_path, key, env, flag,
                                                     text, value):
+    if not has_setting(stage, key):
+        return
     text, value = text.replace("{folder}", str(tmp_path)), spec_value(value, tmp_path)
     from_file = chain(stage, home, yaml=nested(key, text))
     assert changed(from_file) == {key: (value, f"config.yaml:{key}")}
@@ -471,22 +488,22 @@ FILE_ERRORS = [
      "1: write_root: expected an existing folder, got '/no/such/folder'"),
     ("toolsets: [terminal, nope, zilch]\n", "1: toolsets: unknown 'nope'; known: "),
     ("disabled_toolsets: nope\n", "1: disabled_toolsets: unknown 'nope'; known: "),
-    ("guardrails:\n  no_progress: [5, 3]\n", "2: guardrails.no_progress: the first number "
+    ("guardrails:\n  exact_failure: [5, 3]\n", "2: guardrails.exact_failure: the first number "
      "(warn at) must be below the second (stop at), got 5, 3"),
-    ("guardrails:\n  no_progress: [4, 4]\n", "2: guardrails.no_progress: the first number "
+    ("guardrails:\n  exact_failure: [4, 4]\n", "2: guardrails.exact_failure: the first number "
      "(warn at) must be below the second (stop at), got 4, 4"),
-    ("guardrails:\n  no_progress: 1\n", "2: guardrails.no_progress: expected two whole "
+    ("guardrails:\n  exact_failure: 1\n", "2: guardrails.exact_failure: expected two whole "
      "numbers: warn at, stop at, got 1"),
-    ("guardrails:\n  no_progress: [1, 2, 3]\n", "2: guardrails.no_progress: expected two "
+    ("guardrails:\n  exact_failure: [1, 2, 3]\n", "2: guardrails.exact_failure: expected two "
      "whole numbers: warn at, stop at, got 1, 2, 3"),
-    ("guardrails:\n  no_progress: [a, 5]\n", "2: guardrails.no_progress: expected two whole "
+    ("guardrails:\n  exact_failure: [a, 5]\n", "2: guardrails.exact_failure: expected two whole "
      "numbers: warn at, stop at, got a, 5"),
-    ("guardrails:\n  no_progress: []\n", "2: guardrails.no_progress: expected two whole "
+    ("guardrails:\n  exact_failure: []\n", "2: guardrails.exact_failure: expected two whole "
      "numbers: warn at, stop at, got nothing"),
-    ("guardrails:\n  no_progress: [1, 200]\n",
-     "2: guardrails.no_progress: must be from 1 to 100, got 200"),
-    ("guardrails:\n  no_progress: [0, 5]\n",
-     "2: guardrails.no_progress: must be from 1 to 100, got 0"),
+    ("guardrails:\n  exact_failure: [1, 200]\n",
+     "2: guardrails.exact_failure: must be from 1 to 100, got 200"),
+    ("guardrails:\n  exact_failure: [0, 5]\n",
+     "2: guardrails.exact_failure: must be from 1 to 100, got 0"),
     ("model: [a, b]\n", "1: model: expected text, got a list"),
     ("approvals:\n  mode: [manual]\n",
      "2: approvals.mode: expected one of manual, smart, off, got a list"),
@@ -498,7 +515,7 @@ FILE_ERRORS = [
      "item must be a plain value"),
     ("approvals:\n  deny: [a, ~]\n", "2: approvals.deny: item 2 of the list is empty: each "
      "item must be a plain value"),
-    ("guardrails:\n  no_progress: [1, {a: b}]\n", "2: guardrails.no_progress: item 2 of the "
+    ("guardrails:\n  exact_failure: [1, {a: b}]\n", "2: guardrails.exact_failure: item 2 of the "
      "list is a section: each item must be a plain value"),
     ("model: [a, ~]\n", "1: model: expected text, got a list"),
     pytest.param("approvals: off\n", "1: approvals is a section, not a setting: put its keys "
@@ -534,7 +551,7 @@ SHAPE_ERRORS = {
     "model:\n  name: x\n": "1: model: expected text",
     "approvals:\n  deny: [[rm]]\n": "2: approvals.deny: ",
     "approvals:\n  deny: [a, ~]\n": "2: approvals.deny: ",
-    "guardrails:\n  no_progress: [1, {a: b}]\n": "2: guardrails.no_progress: ",
+    "guardrails:\n  exact_failure: [1, {a: b}]\n": "2: guardrails.exact_failure: ",
     "model: [a, ~]\n": "1: model: expected text",
     "approvals:\n  deny:\n    a: 3\n": "2: approvals.deny: expected a list",
     "- model: a\n": "1: expected settings (key: value lines)",
@@ -597,6 +614,8 @@ def test_every_bad_value_is_reported_not_only_the_first(stage, home):
 
 @pytest.mark.parametrize("key", RANGES)
 def test_each_range_holds_at_both_ends(stage, home, key):
+    if not has_setting(stage, key):
+        return
     low, high = RANGES[key]
     pair = key.startswith("guardrails.")
 
@@ -771,7 +790,7 @@ def test_a_refused_start_shows_the_warnings_before_the_errors(stage, home):
     ("toolsets:\n  - terminal\n  - file\n", "toolsets", ["terminal", "file"]),
     ("toolsets: 'terminal, ,file'\n", "toolsets", ["terminal", "file"]),
     ("toolsets: []\n", "toolsets", []),
-    ("guardrails:\n  no_progress: '3, 7'\n", "guardrails.no_progress", [3, 7]),
+    ("guardrails:\n  exact_failure: '3, 7'\n", "guardrails.exact_failure", [3, 7]),
     ("approvals:\n  deny: 'rm -rf *'\n", "approvals.deny", ["rm -rf *"]),
     ("model: &m shared\nfallback:\n  model: *m\n", "fallback.model", "shared"),
 ])
@@ -921,14 +940,15 @@ def test_the_flags_are_made_from_the_table(stage):
 def test_start_with_applies_the_limits(stage, home, limits_restored):
     config = chain(stage, home, yaml="compression:\n  threshold: 0.7\nmemory:\n  memory_chars: "
                    "500\n  user_chars: 400\ndelegation:\n  max_child_iterations: 4\n"
-                   "guardrails:\n  no_progress: [3, 4]\n  exact_failure: [6, 7]\n"
-                   "  same_tool_failure: [8, 9]\n")
+                   "guardrails:\n  exact_failure: [6, 7]\n  same_tool_failure: [8, 9]\n"
+                   + ("  no_progress: [3, 4]\n" if has_setting(stage, NO_PROGRESS) else ""))
     stage.start_with(config)
     assert stage.CONFIG is config
     assert (stage.COMPRESSION_THRESHOLD, stage.MEMORY_CHAR_LIMIT, stage.USER_CHAR_LIMIT,
             stage.MAX_CHILD_ITERATIONS) == (0.7, 500, 400, 4)
     assert stage.GUARDRAIL_THRESHOLDS == {"exact_failure": (6, 7), "same_tool_failure": (8, 9),
-                                          "no_progress": (3, 4)}
+                                          **({"no_progress": (3, 4)} if has_setting(
+                                              stage, NO_PROGRESS) else {})}
     description = stage.MEMORY_ENTRY.schema["function"]["description"]
     assert "at most 500 characters" in description and "at most 400)" in description
     assert os.environ["LEARN_HERMES_HOME"] == str(home)        # no profile: the same home
