@@ -59,6 +59,7 @@ import shlex
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -1455,7 +1456,10 @@ def allowlist_fingerprint(path: Path) -> tuple | str | None:
     """This version of the file: its inode (a file renamed over it is another file) and
     its bytes; None when there is no file."""
     try:
-        return os.lstat(path).st_ino, path.read_bytes()
+        status = os.lstat(path)
+        if not stat.S_ISREG(status.st_mode):    # a FIFO would block the read for ever
+            return "not a regular file"
+        return status.st_ino, path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:              # e.g. $LEARN_HERMES_HOME is a file: never a crash

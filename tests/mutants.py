@@ -3,7 +3,7 @@
     python tests/mutants.py                      # newest stage, 40 sampled mutants
     python tests/mutants.py s03_session_store --all
     python tests/mutants.py --names cap_context,load_identity --all
-    python tests/mutants.py s09_permission_system --edition hardened
+    python tests/mutants.py s09_permission_system --edition hardened --guards
 
 The script reads which top-level names a stage ADDED from the one source (course/,
 through course/build.py), and makes small semantic mutants of their code with `ast`:
@@ -43,7 +43,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
-from helpers import AGENTS, all_stages, course_lineage  # noqa: E402
+from helpers import AGENTS, all_stages, course_build, course_lineage  # noqa: E402
 
 FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
          ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
@@ -247,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="test runs in parallel (default 2)")
     parser.add_argument("--edition", choices=("teaching", "hardened"), default="teaching",
                         help="which edition's file to mutate (default teaching)")
+    parser.add_argument("--guards", action="store_true",
+                        help="leave out plumbing (REPL commands, the demo, the offline model)")
     parser.add_argument("--names", help="only these comma-separated names (default: all the "
                                          "names the stage added)")
     args = parser.parse_args(argv)
@@ -256,6 +258,10 @@ def main(argv=None) -> int:
     added = {n for kind in kinds for n in lineage[kind] if not n.startswith("<")}
     if args.stage == stages[0]:
         sys.exit("mutants: the base stage adds everything; choose a later stage")
+    if args.guards:
+        definitions = course_build().read_course().definitions
+        added = {name for name in added                # wiring has no section: plumbing
+                 if definitions[name].section and not definitions[name].section.plumbing}
     names = added if not args.names else set(args.names.split(","))
     if names - added:
         sys.exit(f"mutants: not added by {args.stage}: {', '.join(sorted(names - added))}")

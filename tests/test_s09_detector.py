@@ -124,6 +124,36 @@ def test_xxd_r_is_a_decoder_and_plain_xxd_is_not(stage, learner):
     assert "decoded_to_shell" not in keys(stage, "xxd build.bin | sh")
 
 
+def test_what_shred_u_deletes_and_what_other_u_options_do_not(stage, learner):
+    """Survivors of a later mutation sample: shred -u removes its files; -u of other
+    programs (sort, cp) removes nothing."""
+    assert stage.detect_hardline_command("shred -u ~").key == "hardline_rm_home"
+    assert stage.detect_hardline_command("shred --remove ~") is not None
+    assert stage.detect_hardline_command("sort -u /") is None
+    assert stage.detect_hardline_command("cp -u a ~") is None
+
+
+def test_tilde_plus_is_the_working_folder_only_as_a_whole_word(stage):
+    assert stage.resolve("~+/a", "/w") == "/w/a"
+    assert stage.resolve("~+", "/w") == "/w"
+    assert stage.resolve("~+x", "/w") != "/wx" and not stage.resolve("~+x", "/w").startswith("/w/")
+
+
+def test_every_commands_script_is_read_not_only_the_first(stage, learner):
+    """The parser reads the script of each command in turn (a heredoc fed to sh), however
+    many commands come before it."""
+    for before in ("", "echo hi; ", "echo a; echo b; ", "true && "):
+        assert tier(stage, before + "sh <<'EOF'\nrm -rf /\nEOF") == "hardline", before
+
+
+def test_a_long_option_abbreviation_needs_two_letters(stage, learner):
+    """GNU tools accept an unambiguous abbreviation of a long option; one letter after
+    -- is ambiguous for sort (--check, --compress-program), so sort refuses it."""
+    assert "program_option" in keys(stage, "sort --co=sh f")
+    assert "program_option" in keys(stage, "sort --compress-prog=sh f")
+    assert "program_option" not in keys(stage, "sort --c=sh f")
+
+
 def test_an_escaped_brace_inside_a_parameter_does_not_swallow_the_command_after_it(
         stage, learner):
     r"""${x:-\{} ends at its first unescaped }: a scanner that counted the escaped { as

@@ -800,6 +800,19 @@ BROKEN_ALLOWLISTS = {
 }
 
 
+def test_an_allowlist_that_is_a_fifo_is_never_read(stage, home):
+    """Reading a FIFO waits for a writer for ever: the fingerprint looks, never reads."""
+    path = home / "allowlist.json"
+    os.mkfifo(path)
+    found = []
+    looker = threading.Thread(target=lambda: found.append(stage.allowlist_fingerprint(path)),
+                              daemon=True)
+    looker.start()
+    looker.join(10)
+    assert found, "allowlist_fingerprint() is blocked reading a FIFO"
+    assert stage.allowlist_fingerprint(path) != stage.allowlist_fingerprint(home / "none")
+
+
 @pytest.mark.hardening
 def test_the_size_limit_of_the_allowlist(stage, home):
     path = home / "allowlist.json"

@@ -1153,3 +1153,17 @@ def test_the_demo_shows_children_limits_and_both_budgets(stage_name, work, capsy
     assert (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"]) == before
     assert os.getcwd() == str(work) and list(work.iterdir()) == [] and marks(work) == []
     assert stage.APPROVAL_CONTEXT.get() is None and stage.DELEGATION.get() is None
+
+
+def test_yolo_for_one_session_is_that_sessions_only(stage):
+    """/yolo turns YOLO on for one session id: another session, and a context with no
+    session (a child's), still ask."""
+    permissions = stage.Permissions()
+    permissions.session_yolo = {"chosen"}
+
+    def yolo_for(session_id):
+        session = types.SimpleNamespace(session_id=session_id)
+        return stage.ApprovalContext(permissions, session).yolo_source()
+
+    assert yolo_for("chosen") == "/yolo, this session"
+    assert yolo_for("other") is None and yolo_for(None) is None

@@ -1471,3 +1471,26 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
             "aprovals")[0]
     else:
         assert "Mistakes in config.yaml" not in out
+
+
+@pytest.mark.hardening
+def test_the_agents_home_variable_names_the_first_policy_file(stage, home, work):
+    """A command that names $LEARN_HERMES_HOME could reach any policy file: it is refused
+    as naming the first one; a command that names a file is refused for that file."""
+    policies = [path.resolve() for path in stage.policy_files()]
+    assert stage.policy_named('sed -i s/a/b/ "$LEARN_HERMES_HOME/x"', policies) == policies[0]
+    assert stage.policy_named("cat allowlist.json", policies) == policies[0]
+    assert stage.policy_named("echo build", policies) is None
+
+
+def test_an_allowlist_changed_behind_the_agents_back_is_named_once(stage, home, capsys):
+    """s11's Permissions (the config chain's) keeps s09's warning: said once, then the
+    file is not trusted for the rest of the run."""
+    path = home / "allowlist.json"
+    path.write_text('{"version": 1, "keys": []}')
+    permissions = stage.Permissions()
+    assert permissions.allowlist_unchanged(path)
+    path.write_text('{"version": 1, "keys": ["rm_recursive"]}')
+    assert not permissions.allowlist_unchanged(path)
+    assert not permissions.allowlist_unchanged(path)
+    assert capsys.readouterr().err.count("allowlist.json changed while the agent") == 1
