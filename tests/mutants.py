@@ -180,9 +180,17 @@ def is_real_change(mutant: Mutant, source: bytes, original: str) -> bool:
 
 # ── running the tests against a mutant ──────────────────────────────────────
 
+# The newest stage is where every earlier feature's tests run too (curriculum §5): a
+# mutant of a name it changed is also run against the tests of the stage that introduced
+# that name (main() fills this in).
+ALSO_TESTED_BY: set[str] = set()
+
+
 def tests_of(stage: str) -> list[Path]:
-    """The stage's own test files: tests/test_sNN_*.py (s09 has several)."""
-    matches = sorted(TESTS.glob(f"test_{stage[:3]}_*.py"))
+    """The stage's own test files, tests/test_sNN_*.py (s09 has several), and those of
+    ALSO_TESTED_BY."""
+    matches = sorted({path for label in {stage[:3], *ALSO_TESTED_BY}
+                      for path in TESTS.glob(f"test_{label}_*.py")})
     if not matches:
         sys.exit(f"mutants: no tests/test_{stage[:3]}_*.py")
     return matches
@@ -269,6 +277,10 @@ def main(argv=None) -> int:
     every = find_mutants(source, names)
     chosen = sample_of_real_mutants(every, source, None if args.all else args.sample, args.seed)
     chosen.sort(key=lambda m: (m.line, m.start, m.what))
+    if args.stage == stages[-1]:
+        introduced = {name: stage for stage, found in course_lineage(args.edition).items()
+                      for name in found["added"]}
+        ALSO_TESTED_BY.update(introduced[m.name][:3] for m in chosen if m.name in introduced)
     print(f"{args.edition} {args.stage}: {len(every)} candidate mutants in {len(names)} names; "
           f"running {len(chosen)}, {args.jobs} at a time", flush=True)
 

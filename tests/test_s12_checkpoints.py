@@ -1191,3 +1191,22 @@ def test_a_real_piped_repl_rolls_back(stage_name, project, state):
     assert result.returncode == 0, result.stderr
     assert (project / "a.txt").read_text() == "original\n"
     assert "restored the project to checkpoint " in result.stdout
+
+
+@pytest.mark.hardening
+def test_a_git_file_is_a_repository_only_when_it_points_at_one(stage, tmp_path):
+    """As git decides it (issue 22, defect 5): .git as a folder with a HEAD, or as a file
+    "gitdir: <path>" whose path holds a HEAD; anything else hides nothing."""
+    folder = tmp_path / "sub"
+    (folder / "real" / ".git").mkdir(parents=True)
+    (folder / "real" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "HEAD").write_text("a file of the project named HEAD\n")
+    (folder / ".git").write_text("not a pointer\n")
+    assert not stage.is_repository(str(folder))
+    (folder / ".git").write_text("gitdir: real/.git\n")
+    assert stage.is_repository(str(folder))
+    (folder / ".git").write_text("gitdir: missing/.git\n")
+    assert not stage.is_repository(str(folder))
+    assert stage.is_repository(str(folder / "real"))
+    (folder / "real" / ".git" / "HEAD").unlink()
+    assert not stage.is_repository(str(folder / "real"))
