@@ -61,9 +61,22 @@ class Mutant:
     start: int           # byte offsets in the source that the replacement covers
     end: int
     replacement: str
+    statement: tuple[int, int] = (0, 0)     # the whole top-level definition it is in
 
     def apply(self, source: bytes) -> bytes:
         return source[:self.start] + self.replacement.encode("utf-8") + source[self.end:]
+
+    def apply_where_carried(self, source: bytes, other: bytes) -> bytes | None:
+        """The same change in `other`, a later stage's file, if it carries the very same
+        definition (the generator writes a definition once: later stages hold its text)."""
+        text = source[self.statement[0]:self.statement[1]]
+        at = other.find(text)
+        if at == -1:
+            return None
+        shift = at - self.statement[0]
+        moved = Mutant(self.name, self.line, self.what, self.start + shift, self.end + shift,
+                       self.replacement)
+        return moved.apply(other)
 
 
 # ── finding mutants ─────────────────────────────────────────────────────────
@@ -152,7 +165,8 @@ def find_mutants(source: bytes, names: set[str]) -> list[Mutant]:
         for node in nodes_outside_fstrings(statement):
             for what, replacement in mutations(node):
                 start, end = span(node, starts)
-                found.append(Mutant(name, node.lineno, what, start, end, replacement))
+                found.append(Mutant(name, node.lineno, what, start, end, replacement,
+                                    span(statement, starts)))
     return found
 
 
@@ -186,6 +200,11 @@ def is_real_change(mutant: Mutant, source: bytes, original: str) -> bool:
 ALSO_TESTED_BY: set[str] = set()
 
 
+# With --carried, a mutant is made in every later stage that carries the definition, and
+# it runs at the newest stage too (where the tests of every earlier stage run).
+NEWEST: list[str] = []
+
+
 def tests_of(stage: str) -> list[Path]:
     """The stage's own test files, tests/test_sNN_*.py (s09 has several), and those of
     ALSO_TESTED_BY."""
@@ -200,18 +219,20 @@ def stage_file(agents: Path, stage: str, edition: str) -> Path:
     return (agents / "hardened" if edition == "hardened" else agents) / f"{stage}.py"
 
 
-def run_tests(stage: str, source: bytes, timeout: float, options: list[str],
+def run_tests(stage: str, files: dict[str, bytes], timeout: float, options: list[str],
               edition: str) -> tuple[int, str]:
-    """Run the stage's test file against `source` in a copy of agents/: pytest's exit
-    code (-1 when it ran longer than `timeout`) and its output."""
+    """Run the stage's test files with `files` (stage name -> source) in a copy of
+    agents/: pytest's exit code (-1 when it ran longer than `timeout`) and its output."""
     with tempfile.TemporaryDirectory(prefix="mutant-") as folder:
         agents = Path(folder) / "agents"
         shutil.copytree(AGENTS, agents, ignore=shutil.ignore_patterns("__pycache__"))
-        stage_file(agents, stage, edition).write_bytes(source)
+        for name, source in files.items():
+            stage_file(agents, name, edition).write_bytes(source)
+        selected = " or ".join(dict.fromkeys([stage[:3], *(n[:3] for n in NEWEST)]))
         env = {**os.environ, "LEARN_HERMES_AGENTS_DIR": str(agents), "PYTHONDONTWRITEBYTECODE": "1"}
         # Without the notebook plugin (pyproject's addopts asks for it): importing it
         # costs seconds per run, and no notebook is run here.
-        command = [sys.executable, "-m", "pytest", *map(str, tests_of(stage)), "-k", stage[:3], "-q",
+        command = [sys.executable, "-m", "pytest", *map(str, tests_of(stage)), "-k", selected, "-q",
                    "-p", "no:cacheprovider", "-n", "0", "-o", "addopts=", "-p", "no:nbmake",
                    *options]
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -229,7 +250,7 @@ def failing_tests(stage: str, source: bytes, edition: str) -> tuple[list[str], f
     """The tests that fail with no mutant at all (work in progress elsewhere), and
     how long the whole file takes. Exits if the file cannot run at all."""
     started = time.monotonic()
-    code, output = run_tests(stage, source, 600, ["-rfE"], edition)
+    code, output = run_tests(stage, {stage: source}, 600, ["-rfE"], edition)
     failing = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in output.splitlines()
                if line.startswith(("FAILED ", "ERROR "))]
     if code not in (0, 1) or (code == 1 and not failing):
@@ -240,7 +261,12 @@ def failing_tests(stage: str, source: bytes, edition: str) -> tuple[list[str], f
 def killed(stage: str, mutant: Mutant, source: bytes, timeout: float, skip: list[str],
            edition: str) -> bool:
     options = ["-x", *(f"--deselect={test}" for test in skip)]
-    code, _ = run_tests(stage, mutant.apply(source), timeout, options, edition)
+    files = {stage: mutant.apply(source)}
+    for later in NEWEST and all_stages()[all_stages().index(stage) + 1:]:
+        carried = mutant.apply_where_carried(source, stage_file(AGENTS, later, edition).read_bytes())
+        if carried is not None:
+            files[later] = carried
+    code, _ = run_tests(stage, files, timeout, options, edition)
     return code != 0
 
 
@@ -257,6 +283,9 @@ def main(argv=None) -> int:
                         help="which edition's file to mutate (default teaching)")
     parser.add_argument("--guards", action="store_true",
                         help="leave out plumbing (REPL commands, the demo, the offline model)")
+    parser.add_argument("--carried", action="store_true",
+                        help="also make each mutant in the later stages that carry its "
+                             "definition, and run the tests of the stage that introduced it")
     parser.add_argument("--names", help="only these comma-separated names (default: all the "
                                          "names the stage added)")
     args = parser.parse_args(argv)
@@ -277,10 +306,15 @@ def main(argv=None) -> int:
     every = find_mutants(source, names)
     chosen = sample_of_real_mutants(every, source, None if args.all else args.sample, args.seed)
     chosen.sort(key=lambda m: (m.line, m.start, m.what))
-    if args.stage == stages[-1]:
-        introduced = {name: stage for stage, found in course_lineage(args.edition).items()
-                      for name in found["added"]}
-        ALSO_TESTED_BY.update(introduced[m.name][:3] for m in chosen if m.name in introduced)
+    if args.carried:
+        NEWEST.append(stages[-1])
+    if args.stage == stages[-1] or args.carried:
+        written_by = {}                 # name -> the stages that added or changed it
+        for stage, found in course_lineage(args.edition).items():
+            for name in found["added"] + found["changed"]:
+                written_by.setdefault(name, set()).add(stage[:3])
+        ALSO_TESTED_BY.update(label for m in chosen for label in written_by.get(m.name, ())
+                              if label <= args.stage[:3])
     print(f"{args.edition} {args.stage}: {len(every)} candidate mutants in {len(names)} names; "
           f"running {len(chosen)}, {args.jobs} at a time", flush=True)
 
