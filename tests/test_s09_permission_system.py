@@ -1328,3 +1328,19 @@ def test_the_demo_keeps_the_machine_safe_and_restores_everything(stage_name, wor
     assert Path.cwd() == work and list(work.iterdir()) == [] and marks(work) == []
     assert not (Path.home() / ".ssh").exists()
     assert stage.APPROVAL_CONTEXT.get() is None
+
+
+@pytest.mark.hardening
+def test_the_state_folder_is_named_by_its_own_name_and_by_its_link(stage, tmp_path,
+                                                                   monkeypatch):
+    """LEARN_HERMES_HOME may be a link: a command that names either folder, the link or
+    where it leads, names the policy files in it (policy_named())."""
+    real = tmp_path / "real-state"
+    real.mkdir()
+    link = tmp_path / "state-link"
+    link.symlink_to(real)
+    monkeypatch.setenv("LEARN_HERMES_HOME", str(link))
+    policies = [Path(os.path.realpath(path)) for path in stage.policy_files()]
+    assert stage.policy_named("rm -rf /elsewhere/state-link", policies) is not None
+    assert stage.policy_named("rm -rf /elsewhere/real-state", policies) is not None
+    assert stage.policy_named("rm -rf /elsewhere/other", policies) is None

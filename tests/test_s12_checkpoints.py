@@ -402,6 +402,18 @@ def test_a_folder_that_becomes_a_repository_leaves_the_checkpoints(stage, projec
 
 
 @pytest.mark.hardening
+def test_no_empty_folder_is_recorded_inside_a_folder_left_out(stage, project, state):
+    """A repository of its own is left out whole: the empty folders inside its .git are
+    not the project's (a mutation sample's survivor)."""
+    (project / "logs").mkdir()
+    user_git(project / "src", "init", "-q")
+    m = manager(stage, project, state)
+    m.snapshot("src is a repository")
+    assert "src/" in m.left_out
+    assert stage.empty_folders(m) == ["logs/"]
+
+
+@pytest.mark.hardening
 def test_a_folder_that_becomes_a_repository_is_named_by_the_rollback(stage, project, state,
                                                                      capsys):
     m = manager(stage, project, state)
@@ -1210,3 +1222,19 @@ def test_a_git_file_is_a_repository_only_when_it_points_at_one(stage, tmp_path):
     assert stage.is_repository(str(folder / "real"))
     (folder / "real" / ".git" / "HEAD").unlink()
     assert not stage.is_repository(str(folder / "real"))
+
+
+CHECKPOINT_RANGES = {"checkpoints.max_snapshots": (1, 500),
+                     "checkpoints.max_files": (1, 10_000_000),
+                     "checkpoints.max_file_size_mb": (1, 100_000)}
+
+
+@pytest.mark.parametrize("key", CHECKPOINT_RANGES)
+def test_each_checkpoint_limit_holds_at_both_ends(stage, key):
+    """A config value at either end is taken as written; one past it is an error."""
+    low, high = CHECKPOINT_RANGES[key]
+    setting = stage.SETTINGS_BY_KEY[key]
+    assert [stage.convert(setting, str(value)) for value in (low, high)] == [low, high]
+    for outside in (low - 1, high + 1):
+        with pytest.raises(stage.ConfigError, match=f"must be from {low:,} to {high:,}"):
+            stage.convert(setting, str(outside))
