@@ -170,6 +170,20 @@ def test_a_credential_helper_with_a_bang_is_a_shell_command(stage, learner):
     assert "rm_recursive_force" in keys(stage, "git -c credential.helper='!rm -rf build' push")
 
 
+def test_a_trap_action_is_read_also_after_double_dash(stage, learner):
+    """trap -- 'CMD' EXIT runs CMD later, as trap 'CMD' EXIT does (found by a mutation
+    sample: the -- hid it); trap -l, trap -p and trap - EXIT set nothing."""
+    assert tier(stage, "trap 'rm -rf /' EXIT") == "hardline"
+    assert tier(stage, "trap -- 'rm -rf /' EXIT") == "hardline"
+    for command in ("trap -l", "trap -p", "trap - EXIT", "trap -- - EXIT"):
+        assert tier(stage, command) == "safe", command
+
+
+def test_printf_reads_its_escapes_and_a_joined_git_c_its_setting(stage, learner):
+    assert tier(stage, r"printf 'rm\x20-rf\x20/' | sh") == "hardline"
+    assert tier(stage, "git -calias.x='!rm -rf ~' x") == "hardline"
+
+
 def test_an_escaped_brace_inside_a_parameter_does_not_swallow_the_command_after_it(
         stage, learner):
     r"""${x:-\{} ends at its first unescaped }: a scanner that counted the escaped { as

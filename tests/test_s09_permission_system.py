@@ -427,6 +427,24 @@ def test_the_outcome_check_puts_back_folders_links_and_modes(stage, home, tmp_pa
     assert json.loads(stage.checked_run("echo fine")) == {"output": "fine\n", "exit_code": 0}
 
 
+@pytest.mark.hardening
+def test_the_agents_own_memory_write_during_a_command_is_kept(stage, home):
+    """A sub-agent's memory tool writes while another's command runs: the write is told
+    to the outcome check (told_to_the_outcome_check()), so the command's check keeps it."""
+    agent_state_with_memory_and_a_skill(home)
+    outcome = []
+    command = threading.Thread(target=lambda: outcome.append(json.loads(
+        stage.checked_run("sleep 0.6"))))
+    command.start()
+    time.sleep(0.2)                                 # the command is running now
+    written = json.loads(stage.REGISTRY.get("memory").handler(
+        action="add", target="memory", content="the tests run with pytest -n 0"))
+    command.join(10)
+    assert written.get("success") is True, written
+    assert outcome == [{"output": "", "exit_code": 0}]
+    assert "the tests run with pytest -n 0" in (home / "memories" / "MEMORY.md").read_text()
+
+
 def test_slash_yolo_is_for_the_current_session_id_only(stage, gate, work, capsys):
     permissions, reader = stage.Permissions(), Answers("d", "d")
     session = stage.Session(None, "m", "u", 30, [], None)

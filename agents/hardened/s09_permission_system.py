@@ -2542,8 +2542,8 @@ class _Parser:
                 alias, equals, value = definition.partition("=")
                 if equals:
                     self.state.aliases[alias] = value
-        elif name == "trap" and args and not args[0].startswith("-"):
-            self._payload(args[0])                       # trap 'rm -rf /' EXIT
+        elif name == "trap" and trap_action(args):
+            self._payload(trap_action(args))             # trap [--] 'rm -rf /' EXIT
         elif name == "git":
             self._run_git(args, words, tags)
         elif name in PROGRAM_OPTIONS:
@@ -2638,6 +2638,16 @@ def fed_arguments(args: list, feeder: tuple, cmd, scripts: dict, items=None) -> 
         joined = " ".join(items)
         return [w._replace(text=w.text.replace(replace, joined)) for w in args]
     return args + [Word(item, False, False, ()) for item in items]
+
+
+def trap_action(args: list) -> str | None:
+    """The command `trap [--] ACTION SIGNAL…` sets to run later; None for `trap -l`,
+    `trap -p` and `trap - SIGNAL` (a reset), which set none."""
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args or args[0].startswith("-"):
+        return None
+    return args[0]
 
 
 def git_programs(args: list) -> list:
