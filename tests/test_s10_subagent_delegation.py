@@ -846,6 +846,21 @@ def test_no_heartbeat_after_the_child_has_finished(stage):
 
 
 @pytest.mark.hardening
+def test_a_stale_heartbeat_beats_stale_beats_minus_one_times_then_stops(stage):
+    """The count starts at the child's progress when the heartbeat starts: with no
+    progress, beats 1 and 2 touch the parent and beat 3 stops it (stale_beats=3)."""
+    events, touched = [], []
+    child = types.SimpleNamespace(
+        finished=threading.Event(), stop=threading.Event(), lock=threading.Lock(),
+        budget=types.SimpleNamespace(used=1), tool_calls=0, current_tool="", index=1,
+        parent=types.SimpleNamespace(touch=touched.append),
+        emit=lambda event, **data: events.append((event, data)))
+    stage.heartbeat(child, 0.01, 3)
+    assert [event for event, _ in events] == ["heartbeat", "heartbeat", "heartbeat_stopped"]
+    assert events[-1][1] == {"beats": 3} and len(touched) == 2
+
+
+@pytest.mark.hardening
 def test_the_heartbeat_stops_after_stale_beats_without_progress(stage, work, progress,
                                                                 monkeypatch, capsys):
     ended, seen, go = ended_heartbeats(stage, monkeypatch), {}, work / "go"

@@ -551,3 +551,10 @@ def test_a_path_no_rule_can_read_removes_the_refs_in_one_edition_only(stage, tmp
         assert hardened_cell == "BLOCKED (self-protection): every ref is put back"
         assert "BLOCKED (self-protection)" in repl_output(run.stdout, PROMPT, f"$ {command}")
         assert len(checkpoints_of(stage, project, home)) == 1 and "before write_file" in listed
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_large_file_limit_the_chapter_names_is_each_editions(stage):
+    s12 = fresh_stage(stage)
+    assert f"`checkpoints.max_file_size_mb` ({s12.MAX_FILE_SIZE_MB} MB)" in chapter()
+    assert s12.SETTINGS_BY_KEY["checkpoints.max_file_size_mb"].default == s12.MAX_FILE_SIZE_MB

@@ -402,6 +402,16 @@ def test_a_folder_that_becomes_a_repository_leaves_the_checkpoints(stage, projec
 
 
 @pytest.mark.hardening
+def test_a_folder_of_one_file_that_becomes_a_repository_is_named_too(stage, project, state):
+    (project / "lib").mkdir()
+    (project / "lib" / "only.py").write_text("one file\n")
+    m = manager(stage, project, state)
+    m.snapshot("lib is plain")
+    user_git(project / "lib", "init", "-q")
+    assert m.restore(1).kept == ("lib/",)
+
+
+@pytest.mark.hardening
 def test_no_empty_folder_is_recorded_inside_a_folder_left_out(stage, project, state):
     """A repository of its own is left out whole: the empty folders inside its .git are
     not the project's (a mutation sample's survivor)."""
