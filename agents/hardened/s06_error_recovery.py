@@ -1023,15 +1023,22 @@ class _SameLine:
     def finditer(self, text: str):
         """The first `then` of each line that has one after a `first` (for the judges
         under "Judging the sentence", which read the whole line)."""
-        found = self.first.search(text)
-        while found:
-            line_end = text.find("\n", found.end())
-            if line_end == -1:
-                line_end = len(text)
+        for found, line_end in first_on_each_line(self.first, text):
             then = self.then.search(text, found.end(), line_end)
             if then:
                 yield then
-            found = self.first.search(text, line_end)       # from the next line on
+
+
+def first_on_each_line(first: re.Pattern, text: str):
+    """(the first match of `first` on a line, where that line ends), for each line that
+    has one: a line is searched once, however many matches it holds."""
+    found = first.search(text)
+    while found:
+        line_end = text.find("\n", found.end())
+        if line_end == -1:
+            line_end = len(text)
+        yield found, line_end
+        found = first.search(text, line_end)                # from the next line on
 
 
 _SECRET_VARIABLE = r"\$(?:env:)?\{?\w*(?:key|token|secret|password|credential)s?\b"
@@ -1520,15 +1527,8 @@ class _CommandLine:
         self.first, self.check = re.compile(first), check
 
     def search(self, text: str) -> bool:
-        found = self.first.search(text)
-        while found:
-            line_end = text.find("\n", found.end())
-            if line_end == -1:
-                line_end = len(text)
-            if self.check(text[text.rfind("\n", 0, found.start()) + 1:line_end]):
-                return True
-            found = self.first.search(text, line_end)       # from the next line on
-        return False
+        return any(self.check(text[text.rfind("\n", 0, found.start()) + 1:line_end])
+                   for found, line_end in first_on_each_line(self.first, text))
 
 
 class _SameParagraph:
