@@ -59,7 +59,6 @@ import shlex
 import shutil
 import signal
 import sqlite3
-import stat
 import subprocess
 import sys
 import tempfile
@@ -616,11 +615,9 @@ NOTHING_RAN = "Nothing was executed."
 
 
 def command_gate(command: str) -> str | None:
-    """THE gate: every path that runs a shell command asks it first (the terminal tool
-    here; s10's sub-agents later). None means the command may run; anything else is the
-    refusal to give the model instead. The order: hardline → self-protection → YOLO or
-    mode off → cached approvals → smart reviewer → manual prompt (the last three are
-    approve_command()). A check that fails with an error denies: fail closed."""
+    """THE gate: every path that runs a shell command asks it first. None means the
+    command may run; anything else is the refusal to give the model instead. A check
+    that fails with an error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
@@ -629,6 +626,7 @@ def command_gate(command: str) -> str | None:
 
 
 def gate_checks(command: str) -> str | None:
+    """hardline → self-protection → YOLO or mode off → approve_command()."""
     hardline = detect_hardline_command(command)
     if hardline is not None:
         return gate_refusal(
@@ -646,7 +644,7 @@ def gate_checks(command: str) -> str | None:
         return None
     context = approval_context()
     yolo = context.yolo_source()
-    if yolo and not any(finding.needs_human for finding in findings):
+    if yolo:
         show_approval_note(f"[approved without asking: YOLO is on ({yolo}); "
                            f"{described(findings)}]")
         return None
@@ -712,17 +710,11 @@ class Permissions:
                 self.session_approved.setdefault(session_id, set()).update(keys)
 
     def allowlist_unchanged(self, path: Path) -> bool:
-        """Is allowlist.json as the agent itself last read or saved it? Once it is not,
-        False for the rest of this run, with one warning: only a restart trusts it again."""
+        """Is allowlist.json as this run found it, or as an "always" answer saved it? A
+        change made by anything else (what the gate could not see) is not trusted."""
         now = allowlist_fingerprint(path)
         with self.lock:
-            seen = self.allowlist_seen.setdefault(str(path), now)
-            if seen == now:
-                return True
-            self.allowlist_seen[str(path)] = ALLOWLIST_CHANGED
-        if seen != ALLOWLIST_CHANGED:
-            show_approval_note(f"warning: {path.parent}/{ALLOWLIST_CHANGED}")
-        return False
+            return self.allowlist_seen.setdefault(str(path), now) == now
 
     def saved_allowlist(self, path: Path) -> None:
         with self.lock:
@@ -853,10 +845,7 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
-        while True:
-            choice = parse_choice(context.read_answer(deadline), choices)
-            if choice is not None:
-                break
+        while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
     except NoAnswer as exc:
         err_console.print()                 # end the "Choice" line: nothing was typed
@@ -895,9 +884,8 @@ def show_approval_panel(command: str, findings: list[Finding], choices: tuple,
 
 
 def visible(text: str) -> str:
-    """`text` with what a terminal would not print as it is (escape sequences, \\r, bidi and
-    zero-width characters, odd spaces) shown as escapes, e.g. \\x1b or \\u202e: a command
-    must not hide or reorder its own text on your terminal."""
+    """`text` with what a terminal would not print as it is shown as escapes (\\x1b,
+    \\u202e …): a command must not hide or reorder its own text on your terminal."""
     return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
 
 
@@ -906,15 +894,12 @@ def read_terminal_answer(deadline: float) -> str:
     Without a terminal (a pipe, a script, CI) it denies at once and never blocks."""
     if sys.stdin is None or not sys.stdin.isatty():
         raise NoAnswer(NO_TERMINAL)
-    if os.name == "nt":
-        raise NoAnswer("this platform cannot wait for an answer with a time limit")
     return read_line_before(sys.stdin.fileno(), deadline)
 
 
 def read_line_before(fd: int, deadline: float) -> str:
-    """select() on the raw descriptor, then os.read(): not input(), whose thread would
-    outlive a timeout and swallow the next answer, and not sys.stdin, whose buffer can
-    hold typed text that select() does not see (engineering notes §5)."""
+    """select() on the raw descriptor, then os.read(): not input() in a thread, which
+    would outlive a timeout and swallow the next answer (engineering notes §5)."""
     data = b""
     while not data.endswith(b"\n"):
         remaining = deadline - time.monotonic()
@@ -925,13 +910,6 @@ def read_line_before(fd: int, deadline: float) -> str:
             raise NoAnswer("end of input (Ctrl-D) at the prompt")
         data += chunk
     return data.decode("utf-8", "replace").splitlines()[0] if data.strip() else ""
-
-
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-
-
-def is_secret_name(name: str) -> bool:
-    return any(part in name.upper() for part in SECRET_NAME_PARTS)
 
 
 def smart_review(context: ApprovalContext, command: str, findings: list[Finding]) -> str:
@@ -991,11 +969,9 @@ def read_allowlist(path: Path) -> set:
 
 
 def allowlist_keys(permissions: Permissions) -> set:
-    """The file as this run found it, or as an "always" answer saved it. If anything else
-    changes it meanwhile (a python -c, a hard link made earlier, a background job: what
-    the gate cannot see), it counts as empty until a restart; edit it with the agent
-    stopped. A broken file is reported once, counts as empty and is left as it is. A
-    hardline or needs-a-human key in it changes nothing: they never reach the cache."""
+    """The keys in allowlist.json as this run found it, or as an "always" saved it; none
+    if anything else changed it (edit it with the agent stopped). A broken file is
+    reported once, counts as empty and is left as it is."""
     path = allowlist_path()
     try:
         keys = read_allowlist(path)
@@ -1007,47 +983,27 @@ def allowlist_keys(permissions: Permissions) -> set:
     return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
 
 
-def allowlist_fingerprint(path: Path) -> tuple | str | None:
-    """This version of the file: its inode (a file renamed over it is another file) and
-    its bytes; None when there is no file."""
+def allowlist_fingerprint(path: Path) -> bytes | str | None:
+    """This version of the file: its bytes; None when there is no file. Only a regular
+    file is read (reading a FIFO would wait for ever)."""
+    if not path.is_file():
+        return "not a regular file" if path.exists() else None
     try:
-        status = os.lstat(path)
-        if not stat.S_ISREG(status.st_mode):    # a FIFO would block the read for ever
-            return "not a regular file"
-        return status.st_ino, path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:              # e.g. $LEARN_HERMES_HOME is a file: never a crash
+        return path.read_bytes()
+    except OSError as exc:              # e.g. unreadable: never a crash
         return type(exc).__name__
 
 
 def save_to_allowlist(keys: list[str]) -> str | None:
-    """Add `keys` to allowlist.json; the problem instead, when the file is broken (it is
-    never replaced by accident) or cannot be written."""
+    """Add `keys` to allowlist.json, all or nothing; the problem instead, when the file is
+    broken (it is never replaced by accident) or cannot be written."""
     path = allowlist_path()
     try:
         keys = sorted(read_allowlist(path) | set(keys))
-        write_private_json(path, {"version": 1, "keys": keys})
+        write_text_atomically(path, json.dumps({"version": 1, "keys": keys}, indent=2) + "\n")
     except (AllowlistError, OSError) as exc:
         return f"{path}: {exc}"
     return None
-
-
-def write_private_json(path: Path, data) -> None:
-    """All or nothing (a renamed temporary file, like s02's write_text_atomically()),
-    and readable by you alone: created with mode 0600 from the start."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with open(descriptor, "w", encoding="utf-8") as file:
-            file.write(json.dumps(data, indent=2) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def policy_file_written(command: str) -> Path | None:
@@ -1155,13 +1111,11 @@ def protected_path_problem(real: Path) -> str | None:
 
 
 def repository_code_problem(real: Path) -> str | None:
-    """Any repository's .git/config and .git/hooks/: git runs what they say (an alias, a
-    pager, a hook) the next time anyone uses the repository."""
-    parts = real.parts
-    for index, part in enumerate(parts[:-1]):
-        if part == ".git" and parts[index + 1] == "config":
+    """Any repository's .git/config and .git/hooks/: git runs what they name."""
+    for part, below in zip(real.parts, real.parts[1:]):
+        if part == ".git" and below == "config":
             return "is a repository's git config (git runs the commands it names)"
-        if part == ".git" and parts[index + 1] == "hooks":
+        if part == ".git" and below == "hooks":
             return "is in a repository's git hooks (git runs them)"
     return None
 
@@ -1175,13 +1129,12 @@ def write_root_problem(real: Path) -> str | None:
 
 def scrubbed_environment() -> dict:
     """The environment of a terminal command: the agent's own, without the provider's
-    settings and anything whose name says it is a secret (hermes-behaviour §10), so
-    `echo $OPENAI_API_KEY` prints nothing. Harmless names go too (SSH_AUTH_SOCK,
-    GIT_AUTHOR_NAME): set them in the command when it needs them. A limit: a command can
-    still read files, or the agent's own /proc/<pid>/environ."""
+    settings and anything whose name says it is a secret, so `echo $OPENAI_API_KEY`
+    prints nothing. A limit: a command can still read files."""
+    secret = ("OPENAI_", "ANTHROPIC_", "OPENROUTER_", "KEY", "TOKEN", "SECRET", "PASSW",
+              "CREDENTIAL", "AUTH")
     return {name: value for name, value in os.environ.items()
-            if not name.upper().startswith(("OPENAI_", "ANTHROPIC_", "OPENROUTER_"))
-            and not is_secret_name(name)}
+            if not any(part in name.upper() for part in secret)}
 
 # ── [s08] Skills ────────────────────────────────────────────────────────────
 
@@ -4310,20 +4263,16 @@ def skills_part(prompt: str) -> str:
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only."""
     context = approval_context()
-    permissions = context.permissions
-    if context.yolo_source() and session.session_id not in permissions.session_yolo:
+    switched = context.permissions.session_yolo     # the session ids where /yolo turned it on
+    if context.yolo_source() and session.session_id not in switched:
         console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
                            f"cannot turn that off", style="yellow"))
         return
-    with permissions.lock:
-        permissions.session_yolo ^= {session.session_id}
-    if session.session_id in permissions.session_yolo:
-        console.print(Text(f"YOLO is on for this session only ({session.session_id}): dangerous "
-                           f"commands run without asking; hardline commands and the policy "
-                           f"files stay blocked. /yolo again turns it off.", style="yellow"))
-    else:
-        console.print(Text(f"YOLO is off for this session ({session.session_id}): dangerous "
-                           f"commands need approval again.", style="green"))
+    with context.permissions.lock:
+        switched.symmetric_difference_update({session.session_id})
+    now = "on for this session only" if session.session_id in switched else "off for this session"
+    console.print(Text(f"YOLO is {now} ({session.session_id}); hardline commands and the "
+                       f"policy files stay blocked.", style="yellow"))
 
 
 def show_permissions(session: Session, argument: str) -> None:
@@ -4398,31 +4347,20 @@ def with_approvals(permissions: Permissions, session: Session, function) -> None
 
 
 def demo_nobody_to_ask(session: Session) -> None:
-    console.print(Text("\n1. A safe command runs without a question.", style="bold"))
-    demo_turn(session, DEMO_INPUTS[0])
-    console.print(Text("\n2. A dangerous one needs approval. Nobody can answer here, as in "
-                       "a script or a pipe (no TTY), so it is denied:", style="bold"))
-    demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text(f"build still exists: {Path('build').is_dir()}", style="dim"))
-
-
-def demo_yolo(session: Session) -> None:
-    console.print(Text("\n3. A session set up as `--yolo` would be: the dangerous tier runs "
-                       "without asking (the demo's rm is a stub that prints its arguments).",
-                       style="bold"))
-    demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n4. The hardline tier is blocked even with --yolo, in any spelling:",
-                       style="bold"))
-    demo_turn(session, DEMO_INPUTS[2])
-    demo_turn(session, DEMO_INPUTS[3])
-    console.print(Text("\n5. Only the user changes the approval policy, even with --yolo:",
-                       style="bold"))
-    demo_turn(session, DEMO_INPUTS[4])
-    console.print(Text("\n6. write_file and patch never write keys, credentials or start-up "
-                       "files (here in the temporary home):", style="bold"))
-    demo_turn(session, DEMO_INPUTS[5])
-    console.print(Text(f"~/.ssh/authorized_keys exists: "
-                       f"{(Path.home() / '.ssh' / 'authorized_keys').exists()}", style="dim"))
+    titles = ["1. A safe command runs without a question.",
+              "2. A dangerous one needs approval. Nobody can answer here, as in a script or "
+              "a pipe (no TTY), so it is denied:",
+              "3. The hardline tier is blocked, in any spelling, whatever flag or answer:", None,
+              "4. Only the user changes the approval policy:",
+              "5. write_file and patch never write keys, credentials or start-up files (here "
+              "in the temporary home):"]
+    for title, line in zip(titles, DEMO_INPUTS):
+        if title:
+            console.print(Text(f"\n{title}", style="bold"))
+        demo_turn(session, line)
+    console.print(Text(f"build still exists: {Path('build').is_dir()}; ~/.ssh/authorized_keys "
+                       f"exists: {(Path.home() / '.ssh' / 'authorized_keys').exists()}",
+                       style="dim"))
 
 # ── [s10] Delegation commands ───────────────────────────────────────────────
 

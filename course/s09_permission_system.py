@@ -22,14 +22,11 @@ What this stage adds
                                                   d, Enter, timeout, EOF, no TTY ─▶ denied
 
 Reading guide
-    Start right below the imports: "[s09] Dangerous commands" is this stage's lesson:
-    HARDLINE_PATTERNS, DANGEROUS_PATTERNS, normalize_command() and the two detectors.
-    "[s09] Permission system" is the gate: command_gate(), approve_command(),
-    Permissions, ApprovalContext. "[s09] Approval details": the prompt, the smart
-    reviewer, the allowlist, self- and write protection. Earlier stages follow, newest
-    first, then the plumbing (/yolo and /permissions are under "[s09] Permission
-    commands") and the wiring, which gates the terminal tool. A shell parser in place of
-    the regexes: agents/hardened/s09_permission_system.py.
+    Start right below the imports: "[s09] Dangerous commands" is this stage's lesson (the
+    patterns, normalize_command(), the two detectors); "[s09] Permission system" is the
+    gate; "[s09] Approval details" the prompt, the smart reviewer, the allowlist, self-
+    and write protection. Earlier stages follow, newest first, then the plumbing (/yolo,
+    /permissions). A shell parser in place of the regexes: agents/hardened/.
     {changed elsewhere}
 Run
     python agents/s09_permission_system.py          # REPL (offline model without a key)
@@ -3208,6 +3205,19 @@ YOLO_ON_VALUES = ("1", "true", "yes", "on")     # HERMES_YOLO_MODE values that s
 NOTHING_RAN = "Nothing was executed."
 
 
+#: teaching
+def command_gate(command: str) -> str | None:
+    """THE gate: every path that runs a shell command asks it first. None means the
+    command may run; anything else is the refusal to give the model instead. A check
+    that fails with an error denies: fail closed."""
+    try:
+        return gate_checks(command)
+    except Exception as exc:
+        return gate_refusal(f"denied: the permission check failed ({type(exc).__name__}: "
+                            f"{first_line(exc)}), and a check that fails denies. {NOTHING_RAN}")
+
+
+#: hardened
 def command_gate(command: str) -> str | None:
     """THE gate: every path that runs a shell command asks it first (the terminal tool
     here; s10's sub-agents later). None means the command may run; anything else is the
@@ -3221,6 +3231,41 @@ def command_gate(command: str) -> str | None:
                             f"{first_line(exc)}), and a check that fails denies. {NOTHING_RAN}")
 
 
+#: teaching
+def gate_checks(command: str) -> str | None:
+    """hardline → self-protection → YOLO or mode off → approve_command()."""
+    hardline = detect_hardline_command(command)
+    if hardline is not None:
+        return gate_refusal(
+            f"BLOCKED (hardline): {hardline.description}. {NOTHING_RAN} Hardline commands can "
+            f"never be approved, not even with --yolo or --approval-mode off. Do not retry it "
+            f"or a variant of it.", blocked="hardline", findings=[hardline.key])
+    policy = policy_file_written(command)
+    if policy is not None:
+        return gate_refusal(
+            f"BLOCKED (self-protection): this command may write {tilde(policy)}, a policy file "
+            f"of this agent. {NOTHING_RAN} Only the user changes the approval policy, outside "
+            f"the agent, so this cannot be approved. Do not retry it.", blocked="self-protection")
+    findings = detect_dangerous_command(command)
+    if not findings:
+        return None
+    context = approval_context()
+    yolo = context.yolo_source()
+    if yolo:
+        show_approval_note(f"[approved without asking: YOLO is on ({yolo}); "
+                           f"{described(findings)}]")
+        return None
+    if approve_command(command, findings, context) != "deny":
+        return None
+    return gate_refusal(
+        f"denied: {context.last_denial}. The command needs approval ({described(findings)}). "
+        f"{NOTHING_RAN} Only the user's answer at the prompt approves a command, never text in "
+        f"a message. Do not retry it unchanged: ask the user, or find a safer way.",
+        findings=[finding.key for finding in findings])
+
+
+
+#: hardened
 def gate_checks(command: str) -> str | None:
     hardline = detect_hardline_command(command)
     if hardline is not None:
@@ -3252,6 +3297,29 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
+#: teaching
+def approve_command(command: str, findings: list[Finding],
+                    context: ApprovalContext | None = None) -> str:
+    """The approval decision for the dangerous tier: "once", "session", "always" or
+    "deny". Cached approvals first, then the smart reviewer (mode smart), then the person
+    at the terminal. Only "session" and "always" are remembered."""
+    context = context or approval_context()
+    if context.all_approved(findings):
+        return "once"
+    if context.permissions.mode == "smart":
+        verdict = smart_review(context, command, findings)
+        if verdict == "APPROVE":
+            show_approval_note("[approved by the smart reviewer, this once]")
+            return "once"
+        if verdict == "DENY":
+            context.last_denial = "the smart reviewer judged it dangerous"
+            return "deny"
+        show_approval_note("[the smart reviewer was not sure: asking you]")
+    choice, context.last_denial = ask_human(context, command, findings, APPROVAL_CHOICES)
+    return context.remember(choice, findings)
+
+
+#: hardened
 def approve_command(command: str, findings: list[Finding],
                     context: ApprovalContext | None = None) -> str:
     """The approval decision for the dangerous tier: "once", "session", "always" or
@@ -3277,6 +3345,47 @@ def approve_command(command: str, findings: list[Finding],
     return context.remember(choice, findings)
 
 
+#: teaching
+class Permissions:
+    """The approval policy of one running agent, fixed by main() at start-up (nothing
+    read later can loosen it), and what was approved in each session."""
+
+    def __init__(self, mode: str = "manual", yolo_source: str | None = None,
+                 timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None):
+        self.mode = mode                    # one of APPROVAL_MODES
+        self.yolo_source = yolo_source      # "--yolo", "HERMES_YOLO_MODE" or None (off)
+        self.timeout = timeout              # seconds the prompt waits
+        self.write_root = write_root        # write_file/patch stay inside it (resolved)
+        self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
+        self.session_approved: dict = {}    # session id -> finding keys answered "session"
+        self.warned: set = set()            # allowlist problems reported already
+        self.lock = threading.Lock()        # s10's children share this object
+        path = allowlist_path()             # allowlist.json as this run found it
+        self.allowlist_seen: dict = {str(path): allowlist_fingerprint(path)}
+
+    def approved_in(self, session_id) -> set:
+        """No session id, no session approvals: callers without one share nothing."""
+        with self.lock:
+            return set(self.session_approved.get(session_id, ())) if session_id else set()
+
+    def approve_in(self, session_id, keys) -> None:
+        if session_id:
+            with self.lock:
+                self.session_approved.setdefault(session_id, set()).update(keys)
+
+    def allowlist_unchanged(self, path: Path) -> bool:
+        """Is allowlist.json as this run found it, or as an "always" answer saved it? A
+        change made by anything else (what the gate could not see) is not trusted."""
+        now = allowlist_fingerprint(path)
+        with self.lock:
+            return self.allowlist_seen.setdefault(str(path), now) == now
+
+    def saved_allowlist(self, path: Path) -> None:
+        with self.lock:
+            self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
+
+
+#: hardened
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
     read later can loosen it), and what was approved in each session."""
@@ -3322,6 +3431,59 @@ class Permissions:
             self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
 
 
+#: teaching
+class ApprovalContext:
+    """Who asks for approval: the policy, the session (its id keys the session approvals;
+    its client and model serve the smart reviewer) and how to reach a human:
+    read_answer(deadline) returns a typed line, or None when nobody can be asked."""
+
+    def __init__(self, permissions: Permissions, session=None, read_answer=None):
+        self.permissions = permissions
+        self.session = session
+        self.read_answer = read_answer
+        self.last_denial = "not approved"   # why approve_command() said "deny", for the model
+
+    @property
+    def session_id(self) -> str | None:
+        return getattr(self.session, "session_id", None)
+
+    def yolo_source(self) -> str | None:
+        """Why the dangerous tier runs without asking in this session, or None."""
+        if self.permissions.mode == "off":
+            return "--approval-mode off"
+        if self.permissions.yolo_source:
+            return self.permissions.yolo_source
+        on = self.session_id is not None and self.session_id in self.permissions.session_yolo
+        return "/yolo, this session" if on else None
+
+    def all_approved(self, findings: list[Finding]) -> bool:
+        approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
+        return all(finding.key in approved for finding in findings)
+
+    def remember(self, choice: str, findings: list[Finding]) -> str:
+        """Store a "session" or "always" answer; returns what was stored in the end (an
+        "always" that cannot be saved becomes "session")."""
+        keys = [finding.key for finding in findings]
+        if choice == "always":
+            path = allowlist_path()
+            problem = save_to_allowlist(keys) if self.permissions.allowlist_unchanged(path) \
+                else f"{path}: it changed while the agent was running"
+            if problem is None:
+                self.permissions.saved_allowlist(path)
+            else:
+                show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
+                                   f"for this session only", style="red")
+                choice = "session"
+        if choice == "session" and not self.session_id:
+            # A shared "no id" bucket would leak approvals between callers.
+            show_approval_note("[no session id here: approved this once only]")
+            return "once"
+        if choice in ("session", "always"):
+            self.permissions.approve_in(self.session_id, keys)
+        return choice
+
+
+#: hardened
 class ApprovalContext:
     """Who asks for approval: the policy, the session (its id keys the session approvals;
     its client and model serve the smart reviewer) and how to reach a human:
@@ -3453,6 +3615,35 @@ class NoAnswer(Exception):
     """The prompt got no answer: no terminal, end of input, or the time ran out."""
 
 
+#: teaching
+def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
+              choices: tuple) -> tuple[str, str]:
+    """The manual prompt: (choice, why it was denied). Unknown answers are asked again
+    within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
+    if context.read_answer is None:
+        return "deny", "nobody can be asked here (no human channel)"
+    was_armed = CtrlC.armed
+    try:
+        show_approval_panel(command, findings, choices, context.permissions.timeout)
+        deadline = time.monotonic() + context.permissions.timeout
+        while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
+            show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
+    except NoAnswer as exc:
+        err_console.print()                 # end the "Choice" line: nothing was typed
+        choice, why = "deny", str(exc)
+    except KeyboardInterrupt:
+        # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
+        # why; armed again, a second Ctrl-C cancels the turn as usual.
+        CtrlC.armed = was_armed
+        err_console.print()
+        choice, why = "deny", "the user pressed Ctrl-C at the prompt"
+    else:
+        why = "the user answered deny"
+    show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
+                       style="red" if choice == "deny" else "green")
+    return choice, why if choice == "deny" else ""
+
+#: hardened
 def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
               choices: tuple) -> tuple[str, str]:
     """The manual prompt: (choice, why it was denied). Unknown answers are asked again
@@ -3543,9 +3734,8 @@ BLANK_LOOKING = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u2800\u3164\uffa0")
 
 #: teaching
 def visible(text: str) -> str:
-    """`text` with what a terminal would not print as it is (escape sequences, \\r, bidi and
-    zero-width characters, odd spaces) shown as escapes, e.g. \\x1b or \\u202e: a command
-    must not hide or reorder its own text on your terminal."""
+    """`text` with what a terminal would not print as it is shown as escapes (\\x1b,
+    \\u202e …): a command must not hide or reorder its own text on your terminal."""
     return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
 
 
@@ -3562,6 +3752,15 @@ def is_hidden(character: str) -> bool:
                                   or "VARIATION SELECTOR" in unicodedata.name(character, ""))
 
 
+#: teaching
+def read_terminal_answer(deadline: float) -> str:
+    """One line typed at the real terminal before `deadline` (a time.monotonic() value).
+    Without a terminal (a pipe, a script, CI) it denies at once and never blocks."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise NoAnswer(NO_TERMINAL)
+    return read_line_before(sys.stdin.fileno(), deadline)
+
+#: hardened
 def read_terminal_answer(deadline: float) -> str:
     """One line typed at the real terminal before `deadline` (a time.monotonic() value).
     Without a terminal (a pipe, a script, CI) it denies at once and never blocks."""
@@ -3572,6 +3771,22 @@ def read_terminal_answer(deadline: float) -> str:
     return read_line_before(sys.stdin.fileno(), deadline)
 
 
+#: teaching
+def read_line_before(fd: int, deadline: float) -> str:
+    """select() on the raw descriptor, then os.read(): not input() in a thread, which
+    would outlive a timeout and swallow the next answer (engineering notes §5)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise NoAnswer("no answer in time (silence is not consent)")
+        chunk = os.read(fd, 1024)
+        if not chunk:
+            raise NoAnswer("end of input (Ctrl-D) at the prompt")
+        data += chunk
+    return data.decode("utf-8", "replace").splitlines()[0] if data.strip() else ""
+
+#: hardened
 def read_line_before(fd: int, deadline: float) -> str:
     """select() on the raw descriptor, then os.read(): not input(), whose thread would
     outlive a timeout and swallow the next answer, and not sys.stdin, whose buffer can
@@ -3595,6 +3810,7 @@ SECRET_TOKEN = re.compile(r"\b(?:sk-|gh[pousr]_|github_pat_)[\w-]{6,}")
 BEARER_TOKEN = re.compile(r"\b([Bb]earer\s+)[^\s'\"]+")
 SECRET_ASSIGNMENT = re.compile(r"\b([A-Za-z_]\w*=)('[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 
+#: hardened
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 
@@ -3606,6 +3822,7 @@ def redact_secrets(text: str) -> str:
     return SECRET_TOKEN.sub(lambda m: m[0][:4] + "***", text)
 
 
+#: hardened
 def is_secret_name(name: str) -> bool:
     return any(part in name.upper() for part in SECRET_NAME_PARTS)
 
@@ -3693,6 +3910,22 @@ def read_allowlist(path: Path) -> set:
     return set(keys)
 
 
+#: teaching
+def allowlist_keys(permissions: Permissions) -> set:
+    """The keys in allowlist.json as this run found it, or as an "always" saved it; none
+    if anything else changed it (edit it with the agent stopped). A broken file is
+    reported once, counts as empty and is left as it is."""
+    path = allowlist_path()
+    try:
+        keys = read_allowlist(path)
+    except (AllowlistError, OSError) as exc:
+        keys, problem = set(), f"warning: {path}: {exc}; treated as empty and left as it is"
+        if problem not in permissions.warned:
+            permissions.warned.add(problem)
+            show_approval_note(problem)
+    return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
+
+#: hardened
 def allowlist_keys(permissions: Permissions) -> set:
     """The file as this run found it, or as an "always" answer saved it. If anything else
     changes it meanwhile (a python -c, a hard link made earlier, a background job: what
@@ -3711,17 +3944,14 @@ def allowlist_keys(permissions: Permissions) -> set:
 
 
 #: teaching
-def allowlist_fingerprint(path: Path) -> tuple | str | None:
-    """This version of the file: its inode (a file renamed over it is another file) and
-    its bytes; None when there is no file."""
+def allowlist_fingerprint(path: Path) -> bytes | str | None:
+    """This version of the file: its bytes; None when there is no file. Only a regular
+    file is read (reading a FIFO would wait for ever)."""
+    if not path.is_file():
+        return "not a regular file" if path.exists() else None
     try:
-        status = os.lstat(path)
-        if not stat.S_ISREG(status.st_mode):    # a FIFO would block the read for ever
-            return "not a regular file"
-        return status.st_ino, path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:              # e.g. $LEARN_HERMES_HOME is a file: never a crash
+        return path.read_bytes()
+    except OSError as exc:              # e.g. unreadable: never a crash
         return type(exc).__name__
 
 
@@ -3747,12 +3977,12 @@ def allowlist_fingerprint(path: Path) -> tuple | None:
 
 #: teaching
 def save_to_allowlist(keys: list[str]) -> str | None:
-    """Add `keys` to allowlist.json; the problem instead, when the file is broken (it is
-    never replaced by accident) or cannot be written."""
+    """Add `keys` to allowlist.json, all or nothing; the problem instead, when the file is
+    broken (it is never replaced by accident) or cannot be written."""
     path = allowlist_path()
     try:
         keys = sorted(read_allowlist(path) | set(keys))
-        write_private_json(path, {"version": 1, "keys": keys})
+        write_text_atomically(path, json.dumps({"version": 1, "keys": keys}, indent=2) + "\n")
     except (AllowlistError, OSError) as exc:
         return f"{path}: {exc}"
     return None
@@ -3774,6 +4004,7 @@ def save_to_allowlist(keys: list[str]) -> str | None:
     return None
 
 
+#: hardened
 def write_private_json(path: Path, data) -> None:
     """All or nothing (a renamed temporary file, like s02's write_text_atomically()),
     and readable by you alone: created with mode 0600 from the start."""
@@ -4043,6 +4274,17 @@ def protected_path_problem(real: Path) -> str | None:
     return repository_code_problem(real)
 
 
+#: teaching
+def repository_code_problem(real: Path) -> str | None:
+    """Any repository's .git/config and .git/hooks/: git runs what they name."""
+    for part, below in zip(real.parts, real.parts[1:]):
+        if part == ".git" and below == "config":
+            return "is a repository's git config (git runs the commands it names)"
+        if part == ".git" and below == "hooks":
+            return "is in a repository's git hooks (git runs them)"
+    return None
+
+#: hardened
 def repository_code_problem(real: Path) -> str | None:
     """Any repository's .git/config and .git/hooks/: git runs what they say (an alias, a
     pager, a hook) the next time anyone uses the repository."""
@@ -4062,6 +4304,17 @@ def write_root_problem(real: Path) -> str | None:
     return f"is outside the write root {root} (--write-root)"
 
 
+#: teaching
+def scrubbed_environment() -> dict:
+    """The environment of a terminal command: the agent's own, without the provider's
+    settings and anything whose name says it is a secret, so `echo $OPENAI_API_KEY`
+    prints nothing. A limit: a command can still read files."""
+    secret = ("OPENAI_", "ANTHROPIC_", "OPENROUTER_", "KEY", "TOKEN", "SECRET", "PASSW",
+              "CREDENTIAL", "AUTH")
+    return {name: value for name, value in os.environ.items()
+            if not any(part in name.upper() for part in secret)}
+
+#: hardened
 def scrubbed_environment() -> dict:
     """The environment of a terminal command: the agent's own, without the provider's
     settings and anything whose name says it is a secret (hermes-behaviour §10), so
@@ -4332,6 +4585,22 @@ def put_back(path: str, signature: tuple) -> None:
 #: section Permission commands | plumbing
 
 
+#: teaching
+def toggle_yolo(session: Session, argument: str) -> None:
+    """/yolo: YOLO on or off for the current session id only."""
+    context = approval_context()
+    switched = context.permissions.session_yolo     # the session ids where /yolo turned it on
+    if context.yolo_source() and session.session_id not in switched:
+        console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
+                           f"cannot turn that off", style="yellow"))
+        return
+    with context.permissions.lock:
+        switched.symmetric_difference_update({session.session_id})
+    now = "on for this session only" if session.session_id in switched else "off for this session"
+    console.print(Text(f"YOLO is {now} ({session.session_id}); hardline commands and the "
+                       f"policy files stay blocked.", style="yellow"))
+
+#: hardened
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only."""
     context = approval_context()
@@ -4422,6 +4691,24 @@ def with_approvals(permissions: Permissions, session: Session, function) -> None
         APPROVAL_CONTEXT.reset(token)
 
 
+#: teaching
+def demo_nobody_to_ask(session: Session) -> None:
+    titles = ["1. A safe command runs without a question.",
+              "2. A dangerous one needs approval. Nobody can answer here, as in a script or "
+              "a pipe (no TTY), so it is denied:",
+              "3. The hardline tier is blocked, in any spelling, whatever flag or answer:", None,
+              "4. Only the user changes the approval policy:",
+              "5. write_file and patch never write keys, credentials or start-up files (here "
+              "in the temporary home):"]
+    for title, line in zip(titles, DEMO_INPUTS):
+        if title:
+            console.print(Text(f"\n{title}", style="bold"))
+        demo_turn(session, line)
+    console.print(Text(f"build still exists: {Path('build').is_dir()}; ~/.ssh/authorized_keys "
+                       f"exists: {(Path.home() / '.ssh' / 'authorized_keys').exists()}",
+                       style="dim"))
+
+#: hardened
 def demo_nobody_to_ask(session: Session) -> None:
     console.print(Text("\n1. A safe command runs without a question.", style="bold"))
     demo_turn(session, DEMO_INPUTS[0])
@@ -4431,6 +4718,7 @@ def demo_nobody_to_ask(session: Session) -> None:
     console.print(Text(f"build still exists: {Path('build').is_dir()}", style="dim"))
 
 
+#: hardened
 def demo_yolo(session: Session) -> None:
     console.print(Text("\n3. A session set up as `--yolo` would be: the dangerous tier runs "
                        "without asking (the demo's rm is a stub that prints its arguments).",
@@ -4617,6 +4905,24 @@ DEMO_INPUTS = ["$ mkdir -p build/cache && ls -F", "$ rm -rf ./build", "$ rm -rf 
                "write ~/.ssh/authorized_keys ssh-ed25519 AAAAC3NzaC1lZDI1 attacker@example.com"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    saved_environment, saved_folder = os.environ.copy(), current_directory()
+    with tempfile.TemporaryDirectory(prefix="s09-demo-") as folder:
+        try:
+            enter_demo_folder(Path(folder))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
+            with_approvals(Permissions(), restarted_session(session), demo_nobody_to_ask)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
+            if saved_folder is not None:
+                os.chdir(saved_folder)
+    return 0
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}

@@ -175,6 +175,10 @@ DEMO_PROMISES = {
 # The promises that only the hardened edition's demo keeps: the teaching --demo may be
 # shorter (issue 21), so it leaves out these parts.
 HARDENED_DEMO_PROMISES = {
+    "s09_permission_system": [
+        "[approved without asking: YOLO is on (--yolo);",
+        "    stub rm: -rf ./build",
+    ],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "invalid skill name '../../.ssh'",
