@@ -1404,6 +1404,17 @@ def test_the_demo_keeps_the_machine_safe_and_restores_everything(stage_name, wor
     assert stage.APPROVAL_CONTEXT.get() is None
 
 
+@pytest.mark.parametrize("stage_name", ["s09_permission_system",
+                                        "hardened/s09_permission_system"])
+def test_the_demo_leaves_no_variable_behind(stage_name, work, monkeypatch, capsys):
+    """A variable that was not set before the demo (it sets LEARN_HERMES_HOME) is not
+    set after it."""
+    monkeypatch.delenv("LEARN_HERMES_HOME")
+    stage = load_stage(stage_name)
+    assert stage.run_demo(started_session(stage, "--demo")) == 0
+    assert "LEARN_HERMES_HOME" not in os.environ
+
+
 @pytest.mark.hardening
 def test_the_state_folder_is_named_by_its_own_name_and_by_its_link(stage, tmp_path,
                                                                    monkeypatch):
