@@ -3264,7 +3264,6 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
-
 #: hardened
 def gate_checks(command: str) -> str | None:
     hardline = detect_hardline_command(command)
