@@ -5309,53 +5309,42 @@ def demo_yolo(session: Session) -> None:
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
     [1], [2], [3] when several children run at once."""
-    tag = f"[{event['index']}] " if event["count"] > 1 else ""
-    kind, style = event["event"], "magenta"
+    tag, kind = f"[{event['index']}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
     elif kind == "tool_started":
         line = f"├─ {tag}{preview(event['tool'])} {event['preview']}"
     elif kind == "tool_finished" and event["outcome"] not in ("ok", "landed"):
-        line, style = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}", "yellow"
+        line = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}"
     elif kind == "finished":
-        style = "green" if event["status"] == "completed" else "yellow"
         line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
-                f"{preview_line(event['answer'])}")
+                f"{visible(first_line(event['answer'], 100))}")
     else:
         return
-    console.print(Text("    " + line, style=style))
-
-
-def preview_line(text: str, limit: int = 100) -> str:
-    return visible(first_line(text, limit))
+    console.print(Text("    " + line, style="magenta"))
 
 
 def delegation_summary(result: str) -> str | None:
-    """The parent's view of a delegate_task result: one line per child (the tree above
-    showed their work), or None when the result is an error."""
+    """One line per child of a delegate_task result (the tree showed their work), and
+    the budget line; None when the result is an error."""
     data = parse_result(result) or {}
-    children = data.get("children")
-    if not isinstance(children, list):
+    if not isinstance(data.get("children"), list):
         return None
-    lines = ["  ←"] + [f"    [{child['task']}] {child['status']}: "
-                       f"{preview_line(child['answer'] or child.get('note', ''))}"
-                       for child in children]
-    return "\n".join(lines + [f"    {data.get('budget', '')}"])
+    return "\n".join(["  ←", *(f"    [{child['task']}] {child['status']}: " + visible(
+        first_line(child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
+                      f"    {data.get('budget', '')}"])
 
 
 def show_delegation(session: Session, argument: str) -> None:
     """/delegation: how sub-agents run in this session."""
     settings = session.delegation
-    for name, value in (
-            ("budget", f"{settings.budget_mode} (--child-budget); {PARENT_RESERVE} call kept "
-                       f"for the parent"),
-            ("per child", f"{MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} "
-                          f"in parallel, depth {MAX_CHILD_DEPTH}"),
-            ("tools", f"never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}"),
-            ("approvals", f"{settings.child_approvals} (--child-approvals)"),
-            ("heartbeat", f"every {settings.heartbeat_interval:g} s, last: "
-                          f"{session.last_activity[1]}")):
-        console.print(Text(f"  {name:<10} {value}"))
+    console.print(Text(
+        f"  budget     {settings.budget_mode} (--child-budget)\n"
+        f"  per child  {MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} in "
+        f"parallel, depth {MAX_CHILD_DEPTH}\n"
+        f"  tools      never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}\n"
+        f"  approvals  {settings.child_approvals} (--child-approvals)\n"
+        f"  heartbeat  every {settings.heartbeat_interval:g} s, last: {session.last_activity[1]}"))
 
 
 COMMANDS["/delegation"] = show_delegation
@@ -5364,51 +5353,23 @@ COMMANDS["/delegation"] = show_delegation
 DEMO_NOTES = "Sub-agents start with nothing but their goal.\n"
 
 
-def demo_parallel(session: Session) -> None:
-    console.print(Text("\n1. Two sub-agents at once, each with a fresh context and only the "
-                       "terminal and file tools. The tree shows their progress; the parent "
+def demo_children(session: Session) -> None:
+    console.print(Text("\n1. Two sub-agents at once, each with a fresh context; the parent "
                        "receives only their answers.", style="bold"))
     Path("notes.txt").write_text(DEMO_NOTES, encoding="utf-8")
     demo_turn(session, DEMO_INPUTS[0])
-    roles = " ".join(message["role"] for message in session.messages)
-    console.print(Text(f"The parent's conversation: {roles}. No child message is in it.",
-                       style="dim"))
-
-
-def demo_limits(session: Session) -> None:
-    console.print(Text("\n2. A sub-agent cannot delegate: delegate_task is not among its "
-                       "tools, so its door refuses the call.", style="bold"))
+    console.print(Text("\n2. A sub-agent cannot delegate (not among its tools), and nobody "
+                       "can approve its dangerous command: denied.", style="bold"))
     demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n3. Nobody can approve a sub-agent's dangerous command: denied "
-                       "(the demo's rm is a stub anyway). A hardline one is blocked.",
-                       style="bold"))
-    Path("build").mkdir(exist_ok=True)
-    demo_turn(session, DEMO_INPUTS[2])
-    console.print(Text(f"build still exists: {Path('build').is_dir()}", style="dim"))
 
 
 def demo_budget(template: Session) -> None:
-    console.print(Text("\n4. One shared budget: --max-iterations 4 for the whole turn. The "
-                       "parent uses 1 and keeps 1, so three children share 2 calls and "
-                       "some starve:", style="bold"))
-    for mode in CHILD_BUDGET_MODES:
+    for step, mode in enumerate(CHILD_BUDGET_MODES, start=3):
+        console.print(Text(f"\n{step}. --max-iterations 4 and --child-budget {mode}: three "
+                           f"children that need 2 calls each.", style="bold"))
         session = restarted_session(template)
-        session.max_iterations = 4
-        session.delegation = DelegationSettings(budget_mode=mode)
-        if mode == "independent":
-            console.print(Text("\n   The same with --child-budget independent: each child "
-                               "has its own calls, and the turn costs more than 4.",
-                               style="bold"))
-        demo_turn(session, DEMO_INPUTS[3])
-        console.print(Text(f"children completed: {completed_children(session)} of 3",
-                           style="dim"))
-
-
-def completed_children(session: Session) -> int:
-    """How many children of the session's last delegate_task call completed."""
-    last = next((parse_result(m["content"]) for m in reversed(session.messages)
-                 if m.get("role") == "tool"), None) or {}
-    return sum(child.get("status") == "completed" for child in last.get("children", []))
+        session.max_iterations, session.delegation = 4, DelegationSettings(budget_mode=mode)
+        demo_turn(session, DEMO_INPUTS[2])
 
 # ── [s11] Configuration commands ────────────────────────────────────────────
 
@@ -6141,13 +6102,11 @@ def offline_review(request: str) -> str:
 
 def delegation_words(data: dict) -> str | None:
     """The offline model's words about a delegate_task result; None for other tools."""
-    children = data.get("children")
-    if not isinstance(children, list):
+    if not isinstance(data.get("children"), list):
         return None
-    lines = [f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} model "
-             f"call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
-             for child in children]
-    return "\n".join(lines + [f"Budget: {data.get('budget', '')}."])
+    return "\n".join([f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} "
+                      f"model call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
+                      for child in data["children"]] + [f"Budget: {data.get('budget', '')}."])
 
 # ── Wiring: module-level set-up, run once everything above is defined ───────
 

@@ -872,21 +872,19 @@ def stop_children(children: list) -> None:
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
     [1], [2], [3] when several children run at once."""
-    tag = f"[{event['index']}] " if event["count"] > 1 else ""
-    kind, style = event["event"], "magenta"
+    tag, kind = f"[{event['index']}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
     elif kind == "tool_started":
         line = f"├─ {tag}{preview(event['tool'])} {event['preview']}"
     elif kind == "tool_finished" and event["outcome"] not in ("ok", "landed"):
-        line, style = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}", "yellow"
+        line = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}"
     elif kind == "finished":
-        style = "green" if event["status"] == "completed" else "yellow"
         line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
-                f"{preview_line(event['answer'])}")
+                f"{visible(first_line(event['answer'], 100))}")
     else:
         return
-    console.print(Text("    " + line, style=style))
+    console.print(Text("    " + line, style="magenta"))
 
 #: hardened
 def show_child_event(event: dict) -> None:
@@ -917,10 +915,23 @@ def show_child_event(event: dict) -> None:
     console.print(Text("    " + line, style=style))
 
 
+#: hardened
 def preview_line(text: str, limit: int = 100) -> str:
     return visible(first_line(text, limit))
 
 
+#: teaching
+def delegation_summary(result: str) -> str | None:
+    """One line per child of a delegate_task result (the tree showed their work), and
+    the budget line; None when the result is an error."""
+    data = parse_result(result) or {}
+    if not isinstance(data.get("children"), list):
+        return None
+    return "\n".join(["  ←", *(f"    [{child['task']}] {child['status']}: " + visible(
+        first_line(child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
+                      f"    {data.get('budget', '')}"])
+
+#: hardened
 def delegation_summary(result: str) -> str | None:
     """The parent's view of a delegate_task result: one line per child (the tree above
     showed their work), or None when the result is an error."""
@@ -938,16 +949,13 @@ def delegation_summary(result: str) -> str | None:
 def show_delegation(session: Session, argument: str) -> None:
     """/delegation: how sub-agents run in this session."""
     settings = session.delegation
-    for name, value in (
-            ("budget", f"{settings.budget_mode} (--child-budget); {PARENT_RESERVE} call kept "
-                       f"for the parent"),
-            ("per child", f"{MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} "
-                          f"in parallel, depth {MAX_CHILD_DEPTH}"),
-            ("tools", f"never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}"),
-            ("approvals", f"{settings.child_approvals} (--child-approvals)"),
-            ("heartbeat", f"every {settings.heartbeat_interval:g} s, last: "
-                          f"{session.last_activity[1]}")):
-        console.print(Text(f"  {name:<10} {value}"))
+    console.print(Text(
+        f"  budget     {settings.budget_mode} (--child-budget)\n"
+        f"  per child  {MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} in "
+        f"parallel, depth {MAX_CHILD_DEPTH}\n"
+        f"  tools      never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}\n"
+        f"  approvals  {settings.child_approvals} (--child-approvals)\n"
+        f"  heartbeat  every {settings.heartbeat_interval:g} s, last: {session.last_activity[1]}"))
 
 #: hardened
 def show_delegation(session: Session, argument: str) -> None:
@@ -982,6 +990,7 @@ def delegation_settings_from_args(args) -> DelegationSettings:
 DEMO_NOTES = "Sub-agents start with nothing but their goal.\n"
 
 
+#: hardened
 def demo_parallel(session: Session) -> None:
     console.print(Text("\n1. Two sub-agents at once, each with a fresh context and only the "
                        "terminal and file tools. The tree shows their progress; the parent "
@@ -993,6 +1002,7 @@ def demo_parallel(session: Session) -> None:
                        style="dim"))
 
 
+#: hardened
 def demo_limits(session: Session) -> None:
     console.print(Text("\n2. A sub-agent cannot delegate: delegate_task is not among its "
                        "tools, so its door refuses the call.", style="bold"))
@@ -1005,6 +1015,18 @@ def demo_limits(session: Session) -> None:
     console.print(Text(f"build still exists: {Path('build').is_dir()}", style="dim"))
 
 
+#: teaching
+def demo_children(session: Session) -> None:
+    console.print(Text("\n1. Two sub-agents at once, each with a fresh context; the parent "
+                       "receives only their answers.", style="bold"))
+    Path("notes.txt").write_text(DEMO_NOTES, encoding="utf-8")
+    demo_turn(session, DEMO_INPUTS[0])
+    console.print(Text("\n2. A sub-agent cannot delegate (not among its tools), and nobody "
+                       "can approve its dangerous command: denied.", style="bold"))
+    demo_turn(session, DEMO_INPUTS[1])
+
+
+#: hardened
 def demo_budget(template: Session) -> None:
     console.print(Text("\n4. One shared budget: --max-iterations 4 for the whole turn. The "
                        "parent uses 1 and keeps 1, so three children share 2 calls and "
@@ -1022,6 +1044,17 @@ def demo_budget(template: Session) -> None:
                            style="dim"))
 
 
+#: teaching
+def demo_budget(template: Session) -> None:
+    for step, mode in enumerate(CHILD_BUDGET_MODES, start=3):
+        console.print(Text(f"\n{step}. --max-iterations 4 and --child-budget {mode}: three "
+                           f"children that need 2 calls each.", style="bold"))
+        session = restarted_session(template)
+        session.max_iterations, session.delegation = 4, DelegationSettings(budget_mode=mode)
+        demo_turn(session, DEMO_INPUTS[2])
+
+
+#: hardened
 def completed_children(session: Session) -> int:
     """How many children of the session's last delegate_task call completed."""
     last = next((parse_result(m["content"]) for m in reversed(session.messages)
@@ -1031,6 +1064,16 @@ def completed_children(session: Session) -> int:
 #: more for Offline model (not part of the lesson)
 
 
+#: teaching
+def delegation_words(data: dict) -> str | None:
+    """The offline model's words about a delegate_task result; None for other tools."""
+    if not isinstance(data.get("children"), list):
+        return None
+    return "\n".join([f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} "
+                      f"model call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
+                      for child in data["children"]] + [f"Budget: {data.get('budget', '')}."])
+
+#: hardened
 def delegation_words(data: dict) -> str | None:
     """The offline model's words about a delegate_task result; None for other tools."""
     children = data.get("children")
@@ -1392,10 +1435,38 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+#: teaching
+DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls | $ rm -rf build",
+               "delegate $ ls | $ ls | $ ls"]
+#: hardened
 DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls",
                "delegate $ rm -rf build | $ rm -rf /", "delegate $ ls | $ ls | $ ls"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
+    saved_folder = current_directory()
+    with tempfile.TemporaryDirectory(prefix="s10-demo-") as folder:
+        try:
+            enter_demo_folder(Path(folder))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
+            with_approvals(Permissions(), restarted_session(session), demo_children)
+            with_approvals(Permissions(), session, demo_budget)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if saved_folder is not None:
+                os.chdir(saved_folder)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
