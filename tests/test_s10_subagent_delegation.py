@@ -1140,6 +1140,36 @@ def test_the_delegation_command_shows_the_settings(stage, work):
 # ── the demo ──────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("stage_name", ["s10_subagent_delegation"])  # later stages: own demo
+def test_the_teaching_demo_shows_children_limits_and_both_budgets(stage_name, work, capsys):
+    stage = load_stage(stage_name)
+    before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
+    session = started_session(stage, "--demo")
+    assert stage.run_demo(session) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    steps = [out.index(f"\n{number}. ") for number in range(1, 5)] + [len(out)]
+    parts = [out[start:end] for start, end in zip(steps, steps[1:])]
+    for line in ("    ├─ [1] sub-agent started: $ ls -F", "    ├─ [2] sub-agent started: $ cat notes.txt",
+                 "    [1] completed: The command exited with code 0; first line of output: notes.txt",
+                 "    [2] completed: The command exited with code 0; first line of output: "
+                 "Sub-agents start with nothing but their goal."):
+        assert line in parts[0].splitlines()
+    assert "Tool 'delegate_task' does not exist" in parts[1]
+    assert "The tool reported: denied: a sub-agent has nobody to ask" in parts[1]
+    assert "[sub-agent 2] denied: " in captured.err
+    shared, independent = parts[2], parts[3]
+    assert "--child-budget shared" in shared and "--child-budget independent" in independent
+    assert "budget_exhausted" in shared and "[3] completed" not in shared
+    assert "    [3] completed: " in independent and "budget_exhausted" not in independent
+    assert "    3 of 4 model calls of this turn used (shared budget: " in shared     # 1 + 2 + 1 kept
+    assert "    1 of 4 model calls of this turn used (independent budget: " in independent
+    assert (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"]) == before
+    assert os.getcwd() == str(work) and list(work.iterdir()) == [] and marks(work) == []
+    assert stage.APPROVAL_CONTEXT.get() is None and stage.DELEGATION.get() is None
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("stage_name", ["hardened/s10_subagent_delegation"])
 def test_the_demo_shows_children_limits_and_both_budgets(stage_name, work, capsys):
     stage = load_stage(stage_name)
     before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
