@@ -4840,28 +4840,6 @@ def show_delegation(session: Session, argument: str) -> None:
 
 COMMANDS["/delegation"] = show_delegation
 
-
-DEMO_NOTES = "Sub-agents start with nothing but their goal.\n"
-
-
-def demo_children(session: Session) -> None:
-    console.print(Text("\n1. Two sub-agents at once, each with a fresh context; the parent "
-                       "receives only their answers.", style="bold"))
-    Path("notes.txt").write_text(DEMO_NOTES, encoding="utf-8")
-    demo_turn(session, DEMO_INPUTS[0])
-    console.print(Text("\n2. A sub-agent cannot delegate (not among its tools), and nobody "
-                       "can approve its dangerous command: denied.", style="bold"))
-    demo_turn(session, DEMO_INPUTS[1])
-
-
-def demo_budget(template: Session) -> None:
-    for step, mode in enumerate(CHILD_BUDGET_MODES, start=3):
-        console.print(Text(f"\n{step}. --max-iterations 4 and --child-budget {mode}: three "
-                           f"children that need 2 calls each.", style="bold"))
-        session = restarted_session(template)
-        session.max_iterations, session.delegation = 4, DelegationSettings(budget_mode=mode)
-        demo_turn(session, DEMO_INPUTS[2])
-
 # ── [s11] Configuration commands ────────────────────────────────────────────
 
 CHAIN_ORDER = (f"Strongest first: the managed file (it locks the keys it sets), command-line "

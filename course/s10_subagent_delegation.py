@@ -987,6 +987,7 @@ def delegation_settings_from_args(args) -> DelegationSettings:
     return DelegationSettings(args.child_budget, args.child_approvals, args.heartbeat_interval)
 
 
+#: hardened
 DEMO_NOTES = "Sub-agents start with nothing but their goal.\n"
 
 
@@ -1015,17 +1016,6 @@ def demo_limits(session: Session) -> None:
     console.print(Text(f"build still exists: {Path('build').is_dir()}", style="dim"))
 
 
-#: teaching
-def demo_children(session: Session) -> None:
-    console.print(Text("\n1. Two sub-agents at once, each with a fresh context; the parent "
-                       "receives only their answers.", style="bold"))
-    Path("notes.txt").write_text(DEMO_NOTES, encoding="utf-8")
-    demo_turn(session, DEMO_INPUTS[0])
-    console.print(Text("\n2. A sub-agent cannot delegate (not among its tools), and nobody "
-                       "can approve its dangerous command: denied.", style="bold"))
-    demo_turn(session, DEMO_INPUTS[1])
-
-
 #: hardened
 def demo_budget(template: Session) -> None:
     console.print(Text("\n4. One shared budget: --max-iterations 4 for the whole turn. The "
@@ -1045,13 +1035,22 @@ def demo_budget(template: Session) -> None:
 
 
 #: teaching
-def demo_budget(template: Session) -> None:
-    for step, mode in enumerate(CHILD_BUDGET_MODES, start=3):
-        console.print(Text(f"\n{step}. --max-iterations 4 and --child-budget {mode}: three "
-                           f"children that need 2 calls each.", style="bold"))
+def demo_delegation(template: Session) -> None:
+    """Two children at once, what a child may not do, then the two budgets."""
+    Path("notes.txt").write_text("Sub-agents start with nothing but their goal.\n")
+    for number, (title, limit, mode) in enumerate([
+            ("Two sub-agents at once, each with a fresh context; the parent receives only "
+             "their answers.", None, "shared"),
+            ("A sub-agent cannot delegate (not among its tools), and nobody can approve its "
+             "dangerous command: denied.", None, "shared"),
+            ("--max-iterations 4 and --child-budget shared: three children that need 2 "
+             "calls each.", 4, "shared"),
+            ("The same with --child-budget independent.", 4, "independent")], start=1):
+        console.print(Text(f"\n{number}. {title}", style="bold"))
         session = restarted_session(template)
-        session.max_iterations, session.delegation = 4, DelegationSettings(budget_mode=mode)
-        demo_turn(session, DEMO_INPUTS[2])
+        session.max_iterations = limit or template.max_iterations
+        session.delegation = DelegationSettings(budget_mode=mode)
+        demo_turn(session, DEMO_INPUTS[number - 1])
 
 
 #: hardened
@@ -1437,7 +1436,7 @@ def run_turn(session: Session, user_text: str) -> bool:
 
 #: teaching
 DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls | $ rm -rf build",
-               "delegate $ ls | $ ls | $ ls"]
+               "delegate $ ls | $ ls | $ ls", "delegate $ ls | $ ls | $ ls"]
 #: hardened
 DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls",
                "delegate $ rm -rf build | $ rm -rf /", "delegate $ ls | $ ls | $ ls"]
@@ -1453,8 +1452,7 @@ def run_demo(session: Session) -> int:
             enter_demo_folder(Path(folder))
             console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
                                f"state folder, and an rm that only prints.", style="dim"))
-            with_approvals(Permissions(), restarted_session(session), demo_children)
-            with_approvals(Permissions(), session, demo_budget)
+            with_approvals(Permissions(), session, demo_delegation)
         finally:
             for name, value in saved.items():
                 if value is None:

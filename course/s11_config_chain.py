@@ -1521,4 +1521,4 @@ def offline_reply(messages: list, counter: list) -> dict:
     return {"content": "", "tool_calls": [{"id": call_id, "type": "function",
                                            "function": {"name": name, "arguments": arguments}}]}
 
-#: removes MEMORY_SCHEMA, positive_int, toolset_list, non_negative_int, retry_policy_from_args, permissions_from_args, existing_folder, delegation_settings_from_args
+#: removes MEMORY_SCHEMA, positive_int, toolset_list, non_negative_int, retry_policy_from_args, permissions_from_args, existing_folder, delegation_settings_from_args, demo_delegation
