@@ -5414,19 +5414,13 @@ def start_with(config: Config) -> None:
 
 def permissions_from_config(config: Config) -> Permissions:
     """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
-    read once by the chain, so a later change of os.environ cannot loosen it."""
-    yolo = config.origin("approvals.yolo") if config["approvals.yolo"] else None
-    return Permissions(config["approvals.mode"], yolo, config["approvals.timeout"],
-                       config["write_root"], tuple(config["approvals.deny"]),
-                       frozenset(config["command_allowlist"]),
-                       managed_lock(config, "approvals.yolo"))
-
-
-def managed_lock(config: Config, key: str) -> str | None:
-    """Where the managed file set `key` (it is locked: no flag, variable or REPL command
-    may change it), or None."""
-    origin = config.origin(key)
-    return origin if origin.startswith("managed:") else None
+    read once by the chain, so a later change of os.environ cannot loosen it. A managed
+    approvals.yolo is locked: /yolo may not change it."""
+    yolo = config.origin("approvals.yolo")
+    return Permissions(config["approvals.mode"], yolo if config["approvals.yolo"] else None,
+                       config["approvals.timeout"], config["write_root"],
+                       tuple(config["approvals.deny"]), frozenset(config["command_allowlist"]),
+                       yolo if yolo.startswith("managed:") else None)
 
 
 def delegation_settings_from_config(config: Config) -> DelegationSettings:
@@ -5469,22 +5463,17 @@ def demo_chain(session: Session) -> None:
 
 
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
-                       "deny: ['rm -rf *']}", style="bold"))
+    console.print(Text("\n2. A deny rule beats YOLO, and no tool changes a config file. "
+                       "config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}", style="bold"))
     path = hermes_home() / CONFIG_FILE_NAME
     path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
     config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
                                           "LEARN_HERMES_HOME": str(hermes_home())})
-    with_approvals(permissions_from_config(config), session, demo_deny_turns)
 
-
-def demo_deny_turns(session: Session) -> None:
-    demo_turn(session, DEMO_INPUTS[0])
-    demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
-                       style="bold"))
-    demo_turn(session, DEMO_INPUTS[2])
-    demo_turn(session, DEMO_INPUTS[3])
+    def turns(session: Session) -> None:
+        for line in DEMO_INPUTS:
+            demo_turn(session, line)
+    with_approvals(permissions_from_config(config), session, turns)
 
 
 def add_setting_flag(parser, setting: Setting) -> None:

@@ -4,6 +4,36 @@
 """s11 · Configuration chain — CLI > env > config.yaml > defaults, and who set what.
 
 What this stage adds
+    Every knob of the earlier stages is one row of SETTINGS. load_config() takes each
+    key from the strongest layer that sets it: a flag, a variable, config.yaml, the
+    default; a managed file locks the keys it sets. Every value knows its origin
+    (--show-config, /config) and is checked by convert(): a bad one stops the start.
+    approvals.deny rules block before YOLO; no tool changes a config file.
+
+    managed file ──────────────── locks the keys it sets (a warning for each override)
+        ▲ beats
+    --flags ──▶ environment ──▶ config.yaml ──▶ defaults      (strongest first)
+                             ▼
+             convert(setting, text) for every value of every layer → Config
+             key → Resolved(value, origin)  ──▶ --show-config, /config
+
+Reading guide
+    "[s11] Configuration chain" is the lesson: SETTINGS, load_config() and
+    resolve_settings(); then reading YAML and checking values (read_config_file(),
+    convert()), and where the values go. --show-config and /config are under
+    "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
+    {changed elsewhere}
+Run
+    python agents/s11_config_chain.py --demo           # the walk-through
+    python agents/s11_config_chain.py --show-config    # every setting and its source
+Chapter
+    docs/en/s11-config-chain.md
+"""
+
+#: docstring | hardened
+"""s11 · Configuration chain — CLI > env > config.yaml > defaults, and who set what.
+
+What this stage adds
     Every knob of the earlier stages is now one row of SETTINGS: key, kind, default,
     environment variable, flag, help. load_config() takes each key from the strongest
     layer that sets it: a flag, an environment variable, config.yaml, the default. A
@@ -857,6 +887,19 @@ def start_with(config: Config) -> None:
         os.environ["LEARN_HERMES_HOME"] = str(config.home)  # commands see the same home
 
 
+#: teaching
+def permissions_from_config(config: Config) -> Permissions:
+    """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
+    read once by the chain, so a later change of os.environ cannot loosen it. A managed
+    approvals.yolo is locked: /yolo may not change it."""
+    yolo = config.origin("approvals.yolo")
+    return Permissions(config["approvals.mode"], yolo if config["approvals.yolo"] else None,
+                       config["approvals.timeout"], config["write_root"],
+                       tuple(config["approvals.deny"]), frozenset(config["command_allowlist"]),
+                       yolo if yolo.startswith("managed:") else None)
+
+
+#: hardened
 def permissions_from_config(config: Config) -> Permissions:
     """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
     read once by the chain, so a later change of os.environ cannot loosen it."""
@@ -867,6 +910,7 @@ def permissions_from_config(config: Config) -> Permissions:
                        managed_lock(config, "approvals.yolo"))
 
 
+#: hardened
 def managed_lock(config: Config, key: str) -> str | None:
     """Where the managed file set `key` (it is locked: no flag, variable or REPL command
     may change it), or None."""
@@ -937,23 +981,17 @@ def demo_mistakes(session: Session) -> None:
 
 #: teaching
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
-                       "deny: ['rm -rf *']}", style="bold"))
+    console.print(Text("\n2. A deny rule beats YOLO, and no tool changes a config file. "
+                       "config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}", style="bold"))
     path = hermes_home() / CONFIG_FILE_NAME
     path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
     config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
                                           "LEARN_HERMES_HOME": str(hermes_home())})
-    with_approvals(permissions_from_config(config), session, demo_deny_turns)
 
-
-#: teaching
-def demo_deny_turns(session: Session) -> None:
-    demo_turn(session, DEMO_INPUTS[0])
-    demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
-                       style="bold"))
-    demo_turn(session, DEMO_INPUTS[2])
-    demo_turn(session, DEMO_INPUTS[3])
+    def turns(session: Session) -> None:
+        for line in DEMO_INPUTS:
+            demo_turn(session, line)
+    with_approvals(permissions_from_config(config), session, turns)
 
 
 #: hardened

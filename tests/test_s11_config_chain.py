@@ -1441,12 +1441,15 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: --approval-timeout is ignored:",
         *mistakes,
         f"{step}. A deny rule beats YOLO. config.yaml: approvals: "
+        "{yolo: true, deny: ['rm -rf *']}" if hardened else
+        "2. A deny rule beats YOLO, and no tool changes a config file. config.yaml: approvals: "
         "{yolo: true, deny: ['rm -rf *']}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
         "    stub rm: -r build",
-        f"{step + 1}. The agent cannot change its own configuration, with any tool:",
+        *([f"{step + 1}. The agent cannot change its own configuration, with any tool:"]
+          if hardened else []),
         "s11> write ../state/config.yaml approvals: {mode: off}\n",
         "config.yaml is a policy file of this agent: only the user changes it.",
         "s11> $ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml\n",
