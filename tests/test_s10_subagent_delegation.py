@@ -11,6 +11,7 @@ which is a stub first on PATH that only leaves a mark, and run in tmp_path.
 """
 
 import contextlib
+import contextvars
 import json
 import os
 import signal
@@ -930,15 +931,46 @@ def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, w
         with pytest.raises(KeyboardInterrupt):
             run(stage, session)
         stopped_after = time.monotonic() - sent["at"]
+        reported = len(progress.events)
         sender.join()
         assert sent["ready"], "the children's commands never ran"
         time.sleep(3.5)                             # the commands have ended by now
         assert len(server.requests) == 3                # no model call after Ctrl-C
+        assert len(progress.events) == reported, "a stopped child still reported progress"
     assert stopped_after < 2, "Ctrl-C waited for the children's commands"
     assert not (work / "later.out").exists()
     assert pairing_problems(session.messages) == []
     assert session.messages[-1]["tool_call_id"] == "d1" \
         and "interrupted" in session.messages[-1]["content"]
+
+
+def test_a_child_stopped_while_its_model_answers_runs_none_of_the_calls(stage, work):
+    """The stop event is set while the child waits for its model; the answer that still
+    arrives asks for a write and a command: neither runs, every call is answered, and the
+    child's status is interrupted (stop_if_requested() raised in its thread)."""
+    asked, stopped = threading.Event(), threading.Event()
+    late = reply("", call("write_file", {"path": "late.txt", "content": "x"}),
+                 call("terminal", {"command": "echo ran > late.out"}))
+
+    def children(goal, calls):
+        asked.set()
+        stopped.wait(10)                            # answer only once the child is stopped
+        return late
+    with FakeOpenAI(responder=endpoint(stage, [], children)) as server:
+        session = agent(stage, server)
+        parent = stage.Delegator(session, stage.IterationBudget(30))
+        child = stage.build_child_agent(parent, {"goal": "slow", "context": "",
+                                                 "toolsets": ["terminal", "file"]}, 1, 1)
+        threading.Thread(target=contextvars.Context().run, args=(stage.run_child, child),
+                         daemon=True).start()
+        assert asked.wait(10), "the child never asked its model"
+        child.stop.set()
+        stopped.set()
+        assert child.finished.wait(10), "the child never ended"
+    assert not (work / "late.txt").exists() and not (work / "late.out").exists()
+    assert (child.result["status"], child.result["note"]) == (
+        "interrupted", "stopped by the user (Ctrl-C)")
+    assert child.result["tool_calls"] == 0 and pairing_problems(child.messages) == []
 
 
 @pytest.mark.hardening
