@@ -366,30 +366,21 @@ def convert(setting: Setting, raw):
     if setting.kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        convert_items = convert_list if setting.kind == "list" else convert_pair
-        return convert_items(setting, items)
+        return (convert_list if setting.kind == "list" else convert_pair)(setting, items)
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
-    text = raw.strip()
-    if setting.kind == "str":
-        if not text:
-            raise ConfigError("is empty")
+    text, word = raw.strip(), raw.strip().lower()
+    if setting.kind in ("int", "float"):
+        return convert_number(setting, text)
+    if setting.kind == "str" and text:
         return text
-    if setting.kind == "bool":
-        word = text.lower()
-        if word not in TRUE_WORDS + FALSE_WORDS:
-            raise ConfigError(f"expected true or false, got {text!r}")
+    if setting.kind == "bool" and word in TRUE_WORDS + FALSE_WORDS:
         return word in TRUE_WORDS
-    if setting.kind == "choice":
-        if text.lower() not in setting.choices:
-            raise ConfigError(f"expected one of {', '.join(setting.choices)}, got {text!r}")
-        return text.lower()
-    if setting.kind == "folder":
-        folder = Path(text).expanduser().resolve()
-        if not folder.is_dir():
-            raise ConfigError(f"expected an existing folder, got {text!r}")
-        return folder
-    return convert_number(setting, text)
+    if setting.kind == "choice" and word in setting.choices:
+        return word
+    if setting.kind == "folder" and Path(text).expanduser().is_dir():
+        return Path(text).expanduser().resolve()
+    raise ConfigError(f"expected {expected(setting)}, got {text!r}" if text else "is empty")
 
 
 def convert_number(setting: Setting, text: str):

@@ -556,6 +556,31 @@ def did_you_mean(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: teaching
+def convert(setting: Setting, raw):
+    """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
+    what was expected. Every layer's values go through here, whatever their source."""
+    if setting.kind in ("list", "pair"):
+        items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
+        items = [item for item in items if item]
+        return (convert_list if setting.kind == "list" else convert_pair)(setting, items)
+    if isinstance(raw, list):
+        raise ConfigError(f"expected {expected(setting)}, got a list")
+    text, word = raw.strip(), raw.strip().lower()
+    if setting.kind in ("int", "float"):
+        return convert_number(setting, text)
+    if setting.kind == "str" and text:
+        return text
+    if setting.kind == "bool" and word in TRUE_WORDS + FALSE_WORDS:
+        return word in TRUE_WORDS
+    if setting.kind == "choice" and word in setting.choices:
+        return word
+    if setting.kind == "folder" and Path(text).expanduser().is_dir():
+        return Path(text).expanduser().resolve()
+    raise ConfigError(f"expected {expected(setting)}, got {text!r}" if text else "is empty")
+
+
+#: hardened
 def convert(setting: Setting, raw):
     """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
     what was expected. Every layer's values go through here, whatever their source."""
