@@ -603,6 +603,13 @@ def test_a_bad_variable_or_flag_is_an_error_that_names_it(stage, home, argv, env
         assert chain_error(stage, home, *argv, **env).startswith(message)
 
 
+def test_write_root_must_be_a_folder_not_a_file(stage, home):
+    (home / "notes.txt").write_text("x", encoding="utf-8")
+    assert chain_error(stage, home, "--write-root", str(home / "notes.txt")) == (
+        f"--write-root: write_root: expected an existing folder, got '{home / 'notes.txt'}'")
+    assert chain(stage, home, "--write-root", str(home))["write_root"] == home.resolve()
+
+
 def test_every_bad_value_is_reported_not_only_the_first(stage, home):
     error = chain_error(stage, home, "--max-iterations", "0",
                         yaml="approvals:\n  timeout: soon\n", HERMES_YOLO_MODE="maybe")
