@@ -1289,7 +1289,8 @@ class ChildApprovals:
         return False                            # a model's verdict is no person's answer
 
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
-        if self.child.parent.session.delegation.child_approvals == "once":
+        once = self.child.parent.session.delegation.child_approvals == "once"
+        if once and "session" in choices:       # never a finding only a person may approve
             show_approval_note(f"[sub-agent {self.child.index}] approved once without asking "
                                f"(--child-approvals once): {described(findings)}")
             return "once", ""
