@@ -2,12 +2,11 @@
 """s10 · Sub-agent delegation — children with their own context, fewer tools, one budget.
 
 What this stage adds
-    The delegate_task tool hands a self-contained task to a child agent, or up to 3
-    tasks to children that run in parallel. A child starts with a fresh message list (a
-    task prompt, then the goal), never the parent's SOUL, memory or conversation, and
-    gets the toolsets it asked for that the parent has, minus DELEGATE_BLOCKED_TOOLS.
-    It makes at most 15 model calls; with the shared budget (the default) each is also
-    paid from the parent's. Its dangerous commands are denied: nobody can approve them.
+    delegate_task hands a task to a child agent, or up to 3 tasks to children that run
+    in parallel. A child starts with a fresh message list (a task prompt, then the goal),
+    gets the toolsets it asked for that the parent has, minus DELEGATE_BLOCKED_TOOLS, and
+    makes at most 15 model calls, each also paid from the parent's budget (shared mode).
+    Nobody can approve its dangerous commands: they are denied.
 
     parent ──delegate_task(tasks=[a, b])──▶ build_child_agent() × 2
         budget: IterationBudget(--max-iterations)        │ fresh messages: [prompt, goal]
@@ -18,22 +17,17 @@ What this stage adds
         tool result  ◀── [{status, answer ≤ 24,000 chars}] ────┘
 
 Reading guide
-    Start right below the imports: "[s10] Sub-agent delegation" is this stage's lesson:
-    delegate_task(), then build_child_agent() (what a child gets), ChildBudget (how it
-    pays), run_child() and run_children() (threads, the heartbeat, Ctrl-C), then the
-    helpers they use: task_specs(), child_tools(), ChildApprovals, child_result().
-    Earlier stages follow, newest first, then the plumbing (the progress tree and
-    /delegation are under "[s10] Delegation commands"); the wiring at the very end
-    registers delegate_task. The hardened edition (agents/hardened/) adds the details.
+    "[s10] Sub-agent delegation" is the lesson: delegate_task(), build_child_agent(),
+    ChildBudget, run_child() and run_children(), then their helpers. The progress tree
+    and /delegation are under "[s10] Delegation commands". The hardened edition
+    (agents/hardened/) adds the details.
     Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01];
     IterationBudget in [s06]; approve_command(), ApprovalContext, write_refusal() in [s09];
     and 11 definitions of the plumbing (python course/build.py --changes s10 lists them
     all).
 Run
-    python agents/s10_subagent_delegation.py          # REPL (offline model without a key)
     python agents/s10_subagent_delegation.py --demo   # the walk-through
     python agents/s10_subagent_delegation.py -p 'delegate $ ls | $ pwd'
-    python agents/s10_subagent_delegation.py --max-iterations 4 --child-budget independent
 Chapter
     docs/en/s10-subagent-delegation.md
 """
@@ -147,9 +141,8 @@ def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> 
 
 
 class Child:
-    """One sub-agent: its own messages, tools, session id and budget; its parent's
-    endpoint and model. In shared mode each of its model calls is also paid from the
-    parent's budget."""
+    """One sub-agent: its own messages, tools, session id, stop event and budget; its
+    parent's endpoint and model."""
 
     def __init__(self, parent: Delegator, index: int, count: int, goal: str, tools: list,
                  messages: list):
@@ -158,12 +151,10 @@ class Child:
         self.session_id = new_session_id()      # its own: approvals never reach the parent
         self.permissions = approval_context().permissions   # the parent's policy object
         self.client, self.model = parent.session.client, parent.session.model
-        self.stop = threading.Event()           # set by the parent: Ctrl-C
-        self.finished = threading.Event()
+        self.stop, self.finished = threading.Event(), threading.Event()  # stop: Ctrl-C
         shared = parent.budget if parent.session.delegation.budget_mode == "shared" else None
         self.budget = ChildBudget(shared, self.stop)
-        self.tool_calls, self.current_tool = 0, None
-        self.result: dict | None = None
+        self.tool_calls, self.result = 0, None
 
     def emit(self, event: str, **data) -> None:
         if not self.stop.is_set():              # after Ctrl-C the parent has moved on
@@ -174,9 +165,7 @@ class Child:
 class ChildBudget:
     """A child's model calls: at most MAX_CHILD_ITERATIONS of its own, and in shared
     mode each one also taken from the parent's budget, leaving PARENT_RESERVE calls for
-    the parent's own answer. A stopped child gets no more calls. The loop uses it as it
-    uses an IterationBudget (consume, used, max_total); it holds one for its own calls
-    rather than being one."""
+    the parent's own answer. A stopped child gets no more calls."""
 
     def __init__(self, shared: IterationBudget | None, stop: threading.Event):
         self.own = IterationBudget(MAX_CHILD_ITERATIONS)
@@ -193,51 +182,45 @@ class ChildBudget:
         return False
 
     @property
-    def max_total(self) -> int:
-        return self.own.max_total
-
-    @property
     def used(self) -> int:
         return self.own.used
 
 
 def run_child(child: Child) -> None:
     """A child's thread. Its context is its own: approvals with no human to ask, depth
-    parent + 1, and the stop event that its tool calls check."""
+    parent + 1, and the stop event that its tool calls check. Nothing a child does
+    raises into its parent: a crash becomes the status "error"."""
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
     STOP_REQUESTED.set(child.stop)
+    outcome = ("error", "", "the sub-agent failed")
     try:
         child.emit("started", goal=child.goal)
-        status, answer, note = child_loop(child)
-        child.result = child_result(child, status, answer, note)
-        child.emit("finished", status=status, model_calls=child.budget.used,
-                   answer=first_line(answer or note, 100))
-    except Exception as exc:                    # a failing progress callback, say
-        child.result = child_result(child, "error", "", f"the sub-agent failed: "
-                                                        f"{type(exc).__name__}: {first_line(exc)}")
+        outcome = child_loop(child)
+        child.emit("finished", status=outcome[0], model_calls=child.budget.used,
+                   answer=first_line(outcome[1] or outcome[2], 100))
+    except Exception as exc:                    # a crash, or a failing progress callback
+        outcome = ("error", partial_answer(child),
+                   f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
     finally:
+        child.result = child_result(child, *outcome)
         child.finished.set()
 
 
 def child_loop(child: Child) -> tuple[str, str, str]:
     """The child's own agent loop (with s05's compression and s06's retries and
-    guardrails), and its (status, answer, note). Nothing a child does raises into its
-    parent: an endpoint error or a crash becomes the status "error"."""
+    guardrails), and its (status, answer, note)."""
     try:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
                                    child.tools, child.parent.session.context_length,
                                    child.parent.session.recovery, budget=child.budget)
-        return child_outcome(child, stopped)
     except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
         return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
         return "error", partial_answer(child), explain_api_failure(
             exc, str(child.client.base_url), child.model)
-    except Exception as exc:
-        return "error", partial_answer(child), (f"the sub-agent failed: {type(exc).__name__}: "
-                                                f"{first_line(exc)}")
+    return child_outcome(child, stopped)
 
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
@@ -301,11 +284,8 @@ class Delegator:
 
 
 def child_state_problem(real: Path) -> str | None:
-    """A sub-agent has no memory or skill_manage tool, and write_file and patch do not
-    reach the same files either: nothing in the agent's state folder. Its terminal
-    commands pass s09's gate like the parent's: in the teaching edition a command that
-    writes there (echo >> …/MEMORY.md) is not refused; the hardened edition refuses a
-    command that names the folder."""
+    """Why a sub-agent's write_file or patch may not write `real`: nothing in the
+    agent's state folder (memory, skills, sessions), as it has no memory tool."""
     delegation = DELEGATION.get()
     if delegation is None or delegation.depth == 0:     # the parent's own writes
         return None
@@ -327,12 +307,11 @@ def stop_if_requested() -> None:
 def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     """The model's arguments as a list of {goal, context, toolsets}, or what is wrong.
     The door checked the arguments' types; this checks the tasks inside `tasks`."""
-    if tasks is None:
-        if goal is None:
-            return [], "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."
-        tasks = [{"goal": goal, "context": context, "toolsets": toolsets}]
-    elif goal is not None or context is not None or toolsets is not None:
+    if tasks is None and goal is None:
+        return [], "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."
+    if tasks is not None and (goal, context, toolsets) != (None, None, None):
         return [], "give either goal (with context, toolsets) or tasks, not both."
+    tasks = [{"goal": goal, "context": context, "toolsets": toolsets}] if tasks is None else tasks
     if not tasks:
         return [], "tasks is empty."
     if len(tasks) > MAX_PARALLEL_CHILDREN:
@@ -370,12 +349,10 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
 
 
 class ChildApprovals:
-    """A child's approval context: the parent's policy object (allowlist.json, write
-    root) with the child's own session id, so nothing it does lands in the parent's
-    session approvals. Nobody can be asked: YOLO, mode off and the smart reviewer never
-    approve for it, and its dangerous commands are denied, or with --child-approvals
-    once approved once. An ApprovalContext of its own does the rest (composition: no
-    subclass of a later section)."""
+    """A child's approval context: the parent's policy object with the child's own
+    session id. Nobody can be asked: YOLO, mode off and the smart reviewer never approve
+    for it; its dangerous commands are denied (--child-approvals once: approved once).
+    An ApprovalContext of its own does the rest (composition: it is defined further down)."""
 
     def __init__(self, child: Child):
         self.context = ApprovalContext(child.permissions, child, read_answer=None)
@@ -384,33 +361,30 @@ class ChildApprovals:
     def __getattr__(self, name: str):
         return getattr(self.context, name)      # permissions, session_id, remember(), ...
 
-    def yolo_source(self) -> str | None:
+    def yolo_source(self) -> None:
         return None
 
     def uses_smart_review(self) -> bool:
         return False                            # a model's verdict is no person's answer
 
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
-        label = f"[sub-agent {self.child.index}]"
         once = self.child.parent.session.delegation.child_approvals == "once"
         if once and "session" in choices:       # never a finding only a person may approve
-            show_approval_note(f"{label} approved once without asking (--child-approvals "
-                               f"once): {described(findings)}")
+            show_approval_note(f"[sub-agent {self.child.index}] approved once without asking "
+                               f"(--child-approvals once): {described(findings)}")
             return "once", ""
-        show_approval_note(f"{label} denied: {described(findings)}")
+        show_approval_note(f"[sub-agent {self.child.index}] denied: {described(findings)}")
         return "deny", ("a sub-agent has nobody to ask, and its dangerous commands are "
                         "denied (--child-approvals deny)")
 
 
 def child_event_handler(child: Child):
-    """The child's loop events as progress events for the parent."""
+    """The child's loop events as progress events for the parent's tree."""
     def on_event(kind: str, data: dict) -> None:
         if kind == "tool_call":
             child.tool_calls += 1
-            child.current_tool = data["name"]
             child.emit("tool_started", tool=data["name"], preview=call_preview(data["arguments"]))
         elif kind == "tool_result":
-            child.current_tool = None
             child.emit("tool_finished", tool=data["name"],
                        outcome=classify_tool_result(data["name"], data["result"]))
     return on_event
@@ -437,7 +411,7 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     partial = partial_answer(child)
     if child.stop.is_set():
         return "interrupted", partial, "stopped by the user (Ctrl-C)"
-    if child.budget.used >= child.budget.max_total:
+    if child.budget.used >= MAX_CHILD_ITERATIONS:
         return "iteration_limit", partial, (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
                                             f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
     if child.budget.parent_ran_out:
@@ -3776,8 +3750,8 @@ def repl(session: Session) -> int:
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
-DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls",
-               "delegate $ rm -rf build | $ rm -rf /", "delegate $ ls | $ ls | $ ls"]
+DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls | $ rm -rf build",
+               "delegate $ ls | $ ls | $ ls", "delegate $ ls | $ ls | $ ls"]
 
 
 def run_demo(session: Session) -> int:
@@ -3789,9 +3763,7 @@ def run_demo(session: Session) -> int:
             enter_demo_folder(Path(folder))
             console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
                                f"state folder, and an rm that only prints.", style="dim"))
-            with_approvals(Permissions(), restarted_session(session), demo_parallel)
-            with_approvals(Permissions(), restarted_session(session), demo_limits)
-            with_approvals(Permissions(), session, demo_budget)
+            with_approvals(Permissions(), session, demo_delegation)
         finally:
             for name, value in saved.items():
                 if value is None:
@@ -4368,53 +4340,42 @@ def demo_nobody_to_ask(session: Session) -> None:
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
     [1], [2], [3] when several children run at once."""
-    tag = f"[{event['index']}] " if event["count"] > 1 else ""
-    kind, style = event["event"], "magenta"
+    tag, kind = f"[{event['index']}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
     elif kind == "tool_started":
         line = f"├─ {tag}{preview(event['tool'])} {event['preview']}"
     elif kind == "tool_finished" and event["outcome"] not in ("ok", "landed"):
-        line, style = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}", "yellow"
+        line = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}"
     elif kind == "finished":
-        style = "green" if event["status"] == "completed" else "yellow"
         line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
-                f"{preview_line(event['answer'])}")
+                f"{visible(first_line(event['answer'], 100))}")
     else:
         return
-    console.print(Text("    " + line, style=style))
-
-
-def preview_line(text: str, limit: int = 100) -> str:
-    return visible(first_line(text, limit))
+    console.print(Text("    " + line, style="magenta"))
 
 
 def delegation_summary(result: str) -> str | None:
-    """The parent's view of a delegate_task result: one line per child (the tree above
-    showed their work), or None when the result is an error."""
+    """One line per child of a delegate_task result (the tree showed their work), and
+    the budget line; None when the result is an error."""
     data = parse_result(result) or {}
-    children = data.get("children")
-    if not isinstance(children, list):
+    if not isinstance(data.get("children"), list):
         return None
-    lines = ["  ←"] + [f"    [{child['task']}] {child['status']}: "
-                       f"{preview_line(child['answer'] or child.get('note', ''))}"
-                       for child in children]
-    return "\n".join(lines + [f"    {data.get('budget', '')}"])
+    return "\n".join(["  ←", *(f"    [{child['task']}] {child['status']}: " + visible(
+        first_line(child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
+                      f"    {data.get('budget', '')}"])
 
 
 def show_delegation(session: Session, argument: str) -> None:
     """/delegation: how sub-agents run in this session."""
     settings = session.delegation
-    for name, value in (
-            ("budget", f"{settings.budget_mode} (--child-budget); {PARENT_RESERVE} call kept "
-                       f"for the parent"),
-            ("per child", f"{MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} "
-                          f"in parallel, depth {MAX_CHILD_DEPTH}"),
-            ("tools", f"never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}"),
-            ("approvals", f"{settings.child_approvals} (--child-approvals)"),
-            ("heartbeat", f"every {settings.heartbeat_interval:g} s, last: "
-                          f"{session.last_activity[1]}")):
-        console.print(Text(f"  {name:<10} {value}"))
+    console.print(Text(
+        f"  budget     {settings.budget_mode} (--child-budget)\n"
+        f"  per child  {MAX_CHILD_ITERATIONS} model calls, up to {MAX_PARALLEL_CHILDREN} in "
+        f"parallel, depth {MAX_CHILD_DEPTH}\n"
+        f"  tools      never {', '.join(sorted(DELEGATE_BLOCKED_TOOLS))}\n"
+        f"  approvals  {settings.child_approvals} (--child-approvals)\n"
+        f"  heartbeat  every {settings.heartbeat_interval:g} s, last: {session.last_activity[1]}"))
 
 
 COMMANDS["/delegation"] = show_delegation
@@ -4424,54 +4385,22 @@ def delegation_settings_from_args(args) -> DelegationSettings:
     return DelegationSettings(args.child_budget, args.child_approvals, args.heartbeat_interval)
 
 
-DEMO_NOTES = "Sub-agents start with nothing but their goal.\n"
-
-
-def demo_parallel(session: Session) -> None:
-    console.print(Text("\n1. Two sub-agents at once, each with a fresh context and only the "
-                       "terminal and file tools. The tree shows their progress; the parent "
-                       "receives only their answers.", style="bold"))
-    Path("notes.txt").write_text(DEMO_NOTES, encoding="utf-8")
-    demo_turn(session, DEMO_INPUTS[0])
-    roles = " ".join(message["role"] for message in session.messages)
-    console.print(Text(f"The parent's conversation: {roles}. No child message is in it.",
-                       style="dim"))
-
-
-def demo_limits(session: Session) -> None:
-    console.print(Text("\n2. A sub-agent cannot delegate: delegate_task is not among its "
-                       "tools, so its door refuses the call.", style="bold"))
-    demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n3. Nobody can approve a sub-agent's dangerous command: denied "
-                       "(the demo's rm is a stub anyway). A hardline one is blocked.",
-                       style="bold"))
-    Path("build").mkdir(exist_ok=True)
-    demo_turn(session, DEMO_INPUTS[2])
-    console.print(Text(f"build still exists: {Path('build').is_dir()}", style="dim"))
-
-
-def demo_budget(template: Session) -> None:
-    console.print(Text("\n4. One shared budget: --max-iterations 4 for the whole turn. The "
-                       "parent uses 1 and keeps 1, so three children share 2 calls and "
-                       "some starve:", style="bold"))
-    for mode in CHILD_BUDGET_MODES:
+def demo_delegation(template: Session) -> None:
+    """Two children at once, what a child may not do, then the two budgets."""
+    Path("notes.txt").write_text("Sub-agents start with nothing but their goal.\n")
+    for number, (title, limit, mode) in enumerate([
+            ("Two sub-agents at once, each with a fresh context; the parent receives only "
+             "their answers.", None, "shared"),
+            ("A sub-agent cannot delegate (not among its tools), and nobody can approve its "
+             "dangerous command: denied.", None, "shared"),
+            ("--max-iterations 4 and --child-budget shared: three children that need 2 "
+             "calls each.", 4, "shared"),
+            ("The same with --child-budget independent.", 4, "independent")], start=1):
+        console.print(Text(f"\n{number}. {title}", style="bold"))
         session = restarted_session(template)
-        session.max_iterations = 4
+        session.max_iterations = limit or template.max_iterations
         session.delegation = DelegationSettings(budget_mode=mode)
-        if mode == "independent":
-            console.print(Text("\n   The same with --child-budget independent: each child "
-                               "has its own calls, and the turn costs more than 4.",
-                               style="bold"))
-        demo_turn(session, DEMO_INPUTS[3])
-        console.print(Text(f"children completed: {completed_children(session)} of 3",
-                           style="dim"))
-
-
-def completed_children(session: Session) -> int:
-    """How many children of the session's last delegate_task call completed."""
-    last = next((parse_result(m["content"]) for m in reversed(session.messages)
-                 if m.get("role") == "tool"), None) or {}
-    return sum(child.get("status") == "completed" for child in last.get("children", []))
+        demo_turn(session, DEMO_INPUTS[number - 1])
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
@@ -4835,13 +4764,11 @@ def offline_review(request: str) -> str:
 
 def delegation_words(data: dict) -> str | None:
     """The offline model's words about a delegate_task result; None for other tools."""
-    children = data.get("children")
-    if not isinstance(children, list):
+    if not isinstance(data.get("children"), list):
         return None
-    lines = [f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} model "
-             f"call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
-             for child in children]
-    return "\n".join(lines + [f"Budget: {data.get('budget', '')}."])
+    return "\n".join([f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} "
+                      f"model call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
+                      for child in data["children"]] + [f"Budget: {data.get('budget', '')}."])
 
 # ── Wiring: module-level set-up, run once everything above is defined ───────
 

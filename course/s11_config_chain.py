@@ -4,6 +4,36 @@
 """s11 · Configuration chain — CLI > env > config.yaml > defaults, and who set what.
 
 What this stage adds
+    Every knob of the earlier stages is one row of SETTINGS. load_config() takes each
+    key from the strongest layer that sets it: a flag, a variable, config.yaml, the
+    default; a managed file locks the keys it sets. Every value knows its origin
+    (--show-config, /config) and is checked by convert(): a bad one stops the start.
+    approvals.deny rules block before YOLO; no tool changes a config file.
+
+    managed file ──────────────── locks the keys it sets (a warning for each override)
+        ▲ beats
+    --flags ──▶ environment ──▶ config.yaml ──▶ defaults      (strongest first)
+                             ▼
+             convert(setting, text) for every value of every layer → Config
+             key → Resolved(value, origin)  ──▶ --show-config, /config
+
+Reading guide
+    "[s11] Configuration chain" is the lesson: SETTINGS, load_config() and
+    resolve_settings(); then reading YAML and checking values (read_config_file(),
+    convert()), and where the values go. --show-config and /config are under
+    "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
+    {changed elsewhere}
+Run
+    python agents/s11_config_chain.py --demo           # the walk-through
+    python agents/s11_config_chain.py --show-config    # every setting and its source
+Chapter
+    docs/en/s11-config-chain.md
+"""
+
+#: docstring | hardened
+"""s11 · Configuration chain — CLI > env > config.yaml > defaults, and who set what.
+
+What this stage adds
     Every knob of the earlier stages is now one row of SETTINGS: key, kind, default,
     environment variable, flag, help. load_config() takes each key from the strongest
     layer that sets it: a flag, an environment variable, config.yaml, the default. A
@@ -526,6 +556,31 @@ def did_you_mean(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: teaching
+def convert(setting: Setting, raw):
+    """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
+    what was expected. Every layer's values go through here, whatever their source."""
+    if setting.kind in ("list", "pair"):
+        items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
+        items = [item for item in items if item]
+        return (convert_list if setting.kind == "list" else convert_pair)(setting, items)
+    if isinstance(raw, list):
+        raise ConfigError(f"expected {expected(setting)}, got a list")
+    text, word = raw.strip(), raw.strip().lower()
+    if setting.kind in ("int", "float"):
+        return convert_number(setting, text)
+    if setting.kind == "str" and text:
+        return text
+    if setting.kind == "bool" and word in TRUE_WORDS + FALSE_WORDS:
+        return word in TRUE_WORDS
+    if setting.kind == "choice" and word in setting.choices:
+        return word
+    if setting.kind == "folder" and Path(text).expanduser().is_dir():
+        return Path(text).expanduser().resolve()
+    raise ConfigError(f"expected {expected(setting)}, got {text!r}" if text else "is empty")
+
+
+#: hardened
 def convert(setting: Setting, raw):
     """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
     what was expected. Every layer's values go through here, whatever their source."""
@@ -857,6 +912,19 @@ def start_with(config: Config) -> None:
         os.environ["LEARN_HERMES_HOME"] = str(config.home)  # commands see the same home
 
 
+#: teaching
+def permissions_from_config(config: Config) -> Permissions:
+    """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
+    read once by the chain, so a later change of os.environ cannot loosen it. A managed
+    approvals.yolo is locked: /yolo may not change it."""
+    yolo = config.origin("approvals.yolo")
+    return Permissions(config["approvals.mode"], yolo if config["approvals.yolo"] else None,
+                       config["approvals.timeout"], config["write_root"],
+                       tuple(config["approvals.deny"]), frozenset(config["command_allowlist"]),
+                       yolo if yolo.startswith("managed:") else None)
+
+
+#: hardened
 def permissions_from_config(config: Config) -> Permissions:
     """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
     read once by the chain, so a later change of os.environ cannot loosen it."""
@@ -867,6 +935,7 @@ def permissions_from_config(config: Config) -> Permissions:
                        managed_lock(config, "approvals.yolo"))
 
 
+#: hardened
 def managed_lock(config: Config, key: str) -> str | None:
     """Where the managed file set `key` (it is locked: no flag, variable or REPL command
     may change it), or None."""
@@ -937,23 +1006,17 @@ def demo_mistakes(session: Session) -> None:
 
 #: teaching
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n2. A deny rule beats YOLO. config.yaml: approvals: {yolo: true, "
-                       "deny: ['rm -rf *']}", style="bold"))
+    console.print(Text("\n2. A deny rule beats YOLO, and no tool changes a config file. "
+                       "config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}", style="bold"))
     path = hermes_home() / CONFIG_FILE_NAME
     path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
     config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
                                           "LEARN_HERMES_HOME": str(hermes_home())})
-    with_approvals(permissions_from_config(config), session, demo_deny_turns)
 
-
-#: teaching
-def demo_deny_turns(session: Session) -> None:
-    demo_turn(session, DEMO_INPUTS[0])
-    demo_turn(session, DEMO_INPUTS[1])
-    console.print(Text("\n3. The agent cannot change its own configuration, with any tool:",
-                       style="bold"))
-    demo_turn(session, DEMO_INPUTS[2])
-    demo_turn(session, DEMO_INPUTS[3])
+    def turns(session: Session) -> None:
+        for line in DEMO_INPUTS:
+            demo_turn(session, line)
+    with_approvals(permissions_from_config(config), session, turns)
 
 
 #: hardened
@@ -1521,4 +1584,4 @@ def offline_reply(messages: list, counter: list) -> dict:
     return {"content": "", "tool_calls": [{"id": call_id, "type": "function",
                                            "function": {"name": name, "arguments": arguments}}]}
 
-#: removes MEMORY_SCHEMA, positive_int, toolset_list, non_negative_int, retry_policy_from_args, permissions_from_args, existing_folder, delegation_settings_from_args
+#: removes MEMORY_SCHEMA, positive_int, toolset_list, non_negative_int, retry_policy_from_args, permissions_from_args, existing_folder, delegation_settings_from_args, demo_delegation

@@ -11,6 +11,7 @@ which is a stub first on PATH that only leaves a mark, and run in tmp_path.
 """
 
 import contextlib
+import contextvars
 import json
 import os
 import signal
@@ -930,15 +931,46 @@ def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, w
         with pytest.raises(KeyboardInterrupt):
             run(stage, session)
         stopped_after = time.monotonic() - sent["at"]
+        reported = len(progress.events)
         sender.join()
         assert sent["ready"], "the children's commands never ran"
         time.sleep(3.5)                             # the commands have ended by now
         assert len(server.requests) == 3                # no model call after Ctrl-C
+        assert len(progress.events) == reported, "a stopped child still reported progress"
     assert stopped_after < 2, "Ctrl-C waited for the children's commands"
     assert not (work / "later.out").exists()
     assert pairing_problems(session.messages) == []
     assert session.messages[-1]["tool_call_id"] == "d1" \
         and "interrupted" in session.messages[-1]["content"]
+
+
+def test_a_child_stopped_while_its_model_answers_runs_none_of_the_calls(stage, work):
+    """The stop event is set while the child waits for its model; the answer that still
+    arrives asks for a write and a command: neither runs, every call is answered, and the
+    child's status is interrupted (stop_if_requested() raised in its thread)."""
+    asked, stopped = threading.Event(), threading.Event()
+    late = reply("", call("write_file", {"path": "late.txt", "content": "x"}),
+                 call("terminal", {"command": "echo ran > late.out"}))
+
+    def children(goal, calls):
+        asked.set()
+        stopped.wait(10)                            # answer only once the child is stopped
+        return late
+    with FakeOpenAI(responder=endpoint(stage, [], children)) as server:
+        session = agent(stage, server)
+        parent = stage.Delegator(session, stage.IterationBudget(30))
+        child = stage.build_child_agent(parent, {"goal": "slow", "context": "",
+                                                 "toolsets": ["terminal", "file"]}, 1, 1)
+        threading.Thread(target=contextvars.Context().run, args=(stage.run_child, child),
+                         daemon=True).start()
+        assert asked.wait(10), "the child never asked its model"
+        child.stop.set()
+        stopped.set()
+        assert child.finished.wait(10), "the child never ended"
+    assert not (work / "late.txt").exists() and not (work / "late.out").exists()
+    assert (child.result["status"], child.result["note"]) == (
+        "interrupted", "stopped by the user (Ctrl-C)")
+    assert child.result["tool_calls"] == 0 and pairing_problems(child.messages) == []
 
 
 @pytest.mark.hardening
@@ -1140,6 +1172,36 @@ def test_the_delegation_command_shows_the_settings(stage, work):
 # ── the demo ──────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("stage_name", ["s10_subagent_delegation"])  # later stages: own demo
+def test_the_teaching_demo_shows_children_limits_and_both_budgets(stage_name, work, capsys):
+    stage = load_stage(stage_name)
+    before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
+    session = started_session(stage, "--demo")
+    assert stage.run_demo(session) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    steps = [out.index(f"\n{number}. ") for number in range(1, 5)] + [len(out)]
+    parts = [out[start:end] for start, end in zip(steps, steps[1:])]
+    for line in ("    ├─ [1] sub-agent started: $ ls -F", "    ├─ [2] sub-agent started: $ cat notes.txt",
+                 "    [1] completed: The command exited with code 0; first line of output: notes.txt",
+                 "    [2] completed: The command exited with code 0; first line of output: "
+                 "Sub-agents start with nothing but their goal."):
+        assert line in parts[0].splitlines()
+    assert "Tool 'delegate_task' does not exist" in parts[1]
+    assert "The tool reported: denied: a sub-agent has nobody to ask" in parts[1]
+    assert "[sub-agent 2] denied: " in captured.err
+    shared, independent = parts[2], parts[3]
+    assert "--child-budget shared" in shared and "--child-budget independent" in independent
+    assert "budget_exhausted" in shared and "[3] completed" not in shared
+    assert "    [3] completed: " in independent and "budget_exhausted" not in independent
+    assert "    3 of 4 model calls of this turn used (shared budget: " in shared     # 1 + 2 + 1 kept
+    assert "    1 of 4 model calls of this turn used (independent budget: " in independent
+    assert (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"]) == before
+    assert os.getcwd() == str(work) and list(work.iterdir()) == [] and marks(work) == []
+    assert stage.APPROVAL_CONTEXT.get() is None and stage.DELEGATION.get() is None
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("stage_name", ["hardened/s10_subagent_delegation"])
 def test_the_demo_shows_children_limits_and_both_budgets(stage_name, work, capsys):
     stage = load_stage(stage_name)
     before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])

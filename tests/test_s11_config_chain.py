@@ -603,6 +603,13 @@ def test_a_bad_variable_or_flag_is_an_error_that_names_it(stage, home, argv, env
         assert chain_error(stage, home, *argv, **env).startswith(message)
 
 
+def test_write_root_must_be_a_folder_not_a_file(stage, home):
+    (home / "notes.txt").write_text("x", encoding="utf-8")
+    assert chain_error(stage, home, "--write-root", str(home / "notes.txt")) == (
+        f"--write-root: write_root: expected an existing folder, got '{home / 'notes.txt'}'")
+    assert chain(stage, home, "--write-root", str(home))["write_root"] == home.resolve()
+
+
 def test_every_bad_value_is_reported_not_only_the_first(stage, home):
     error = chain_error(stage, home, "--max-iterations", "0",
                         yaml="approvals:\n  timeout: soon\n", HERMES_YOLO_MODE="maybe")
@@ -1441,12 +1448,15 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: --approval-timeout is ignored:",
         *mistakes,
         f"{step}. A deny rule beats YOLO. config.yaml: approvals: "
+        "{yolo: true, deny: ['rm -rf *']}" if hardened else
+        "2. A deny rule beats YOLO, and no tool changes a config file. config.yaml: approvals: "
         "{yolo: true, deny: ['rm -rf *']}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
         "    stub rm: -r build",
-        f"{step + 1}. The agent cannot change its own configuration, with any tool:",
+        *([f"{step + 1}. The agent cannot change its own configuration, with any tool:"]
+          if hardened else []),
         "s11> write ../state/config.yaml approvals: {mode: off}\n",
         "config.yaml is a policy file of this agent: only the user changes it.",
         "s11> $ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml\n",

@@ -131,12 +131,14 @@ DEMO_PROMISES = {
         "    ├─ [2] sub-agent started: $ cat notes.txt",
         "    └─ [2] completed after 2 model call(s): The command exited with code 0; first line "
         "of output: Sub-agents start with nothing but their goal.",
+        "completed after 2 model call(s): The tool answered: Tool 'delegate_task' does not exist.",
+        "denied: a sub-agent has nobody to ask",
+        "budget_exhausted after ",
+        "1 of 4 model calls of this turn used (independent budget: children's calls do not count)",
         "The parent's conversation: system user assistant tool assistant. No child message is in it.",
         "└─ completed after 2 model call(s): The tool answered: Tool 'delegate_task' does not exist.",
-        "denied: a sub-agent has nobody to ask",
         "BLOCKED (hardline): delete of ",
         "build still exists: True",
-        "budget_exhausted after ",
         "children completed: 3 of 3",
     ],
     "s11_config_chain": [
@@ -178,6 +180,13 @@ HARDENED_DEMO_PROMISES = {
     "s09_permission_system": [
         "[approved without asking: YOLO is on (--yolo);",
         "    stub rm: -rf ./build",
+    ],
+    "s10_subagent_delegation": [
+        "The parent's conversation: system user assistant tool assistant. No child message is in it.",
+        "└─ completed after 2 model call(s): The tool answered: Tool 'delegate_task' does not exist.",
+        "BLOCKED (hardline): delete of ",
+        "build still exists: True",
+        "children completed: 3 of 3",
     ],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
