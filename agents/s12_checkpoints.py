@@ -87,9 +87,6 @@ class Checkpoint(NamedTuple):
     ref: str                    # refs/checkpoints/0000000007: the names sort by age
     time: float                 # when it was taken, in seconds since 1970
     reason: str                 # "before write_file notes.txt", "before rollback to 1a2b3c4"
-    files: int                  # what changed since the checkpoint before it: files,
-    added: int                  # lines added
-    removed: int                # and lines removed
 
     @property
     def short(self) -> str:
@@ -121,21 +118,18 @@ class CheckpointManager:
         self.warned = False             # a failed checkpoint is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
-        """Record the project as it is now. The new checkpoint's id, or None when
-        nothing changed since the newest one."""
+        """The project as it is now: the new checkpoint's id (None: nothing changed)."""
         open_checkpoint_store(self)
         newest = self.list()[:1]
         stage_tree(self)
         # What changed since the newest checkpoint. Before the first one, everything:
         # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
-        changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+        changes = self.git("diff", "--cached", "--name-only", "-z", "--no-renames",
                            *[checkpoint.id for checkpoint in newest])
         if newest and not changes:
             return None
-        files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
-        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
-        commit = self.git("commit-tree", tree, input=message).strip()   # no parent
+        commit = self.git("commit-tree", tree, input=one_line(reason)).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
                  input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
@@ -161,8 +155,7 @@ class CheckpointManager:
                         "--", ".", *excluded(self.left_out))
 
     def restore(self, n: int | str) -> Restored:
-        """Make the project exactly what checkpoint n holds. First a checkpoint of the
-        project as it is now: the way back."""
+        """The project becomes checkpoint n, after a checkpoint of now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
         # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
@@ -314,13 +307,6 @@ def git_environment() -> dict:
     return env
 
 
-def numstat_totals(numstat: str) -> tuple[int, int, int]:
-    """(files, lines added, lines removed) from `git diff --numstat -z` (binary: "-")."""
-    rows = [row for row in (record.split("\t", 2) for record in numstat.split("\0"))
-            if len(row) == 3]
-    return len(rows), *(sum(int(row[i]) for row in rows if row[i].isdecimal()) for i in (0, 1))
-
-
 def one_line(text: str) -> str:
     """A reason as the store keeps it: one line, nothing hidden, at most MAX_REASON_CHARS."""
     line = visible(" ".join(str(text).split()))
@@ -328,10 +314,8 @@ def one_line(text: str) -> str:
 
 
 def listed_checkpoint(index: int, record: str) -> Checkpoint:
-    ref, commit, when, reason, body = record.lstrip("\n").split("\0")
-    stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
-    files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
+    ref, commit, when, reason, _ = record.lstrip("\n").split("\0")
+    return Checkpoint(index, commit, ref, float(when), reason)
 
 
 def open_checkpoint_store(manager: CheckpointManager) -> None:
@@ -4629,7 +4613,8 @@ def repl(session: Session) -> int:
 
 DEMO_INPUTS = ["write todo.txt buy milk",
                "$ truncate -s 0 notes.txt && mv app.py app.old && echo oops > scratch.txt",
-               "/rollback", "/rollback diff 1", "/rollback 1", "/rollback 1"]
+               "/rollback", "/rollback diff 1", "/rollback 1", "read notes.txt", "/rollback 1",
+               "read notes.txt"]
 
 
 def run_demo(session: Session) -> int:
@@ -5511,8 +5496,12 @@ def rollback_command(session: Session, argument: str) -> None:
     try:
         if not first:
             show_checkpoints(manager)
-        elif first == "diff":
-            show_checkpoint_diff(manager, checkpoint_number(rest.strip() or "1"))
+        elif first == "diff":       # from checkpoint N to now; visible(): no escape runs
+            lines = manager.diff(checkpoint_number(rest.strip() or "1")).splitlines()
+            for line in lines[:MAX_DIFF_LINES]:
+                console.print(Text(visible(line.expandtabs())))
+            if len(lines) > MAX_DIFF_LINES:
+                console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
         else:
             show_restored(manager.restore(checkpoint_number(argument)))
     except (CheckpointError, OSError) as exc:       # OSError: the store's folder, say
@@ -5532,30 +5521,10 @@ def show_checkpoints(manager: CheckpointManager) -> None:
     if not checkpoints:
         problem = never_checkpointed(manager.project, manager.home)
         console.print(Text(f"no checkpoints: {problem}" if problem else f"no checkpoints of "
-                           f"{manager.project} yet: the first change of a turn takes one",
-                           style="yellow" if problem else "dim"))
-        return
-    console.print(Text(f"checkpoints of {manager.project}, newest first (files and lines: "
-                       f"what changed since the one before):", style="bold"))
-    for c in checkpoints:
+                           f"{manager.project} yet: the first change of a turn takes one"))
+    for c in checkpoints:                   # newest first
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.files} file(s), "
-                           f"+{c.added} -{c.removed}  {c.reason}"))
-    console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
-                       "(undo: /rollback 1)", style="dim"))
-
-
-def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
-    checkpoint = find_checkpoint(manager, n)
-    lines = manager.diff(n).splitlines()
-    console.print(Text(f"changes from checkpoint {checkpoint.index} ({checkpoint.short}, "
-                       f"{checkpoint.reason}) to now:", style="bold"))
-    if not lines:
-        console.print(Text("  none: the project is as it was then", style="dim"))
-    for line in lines[:MAX_DIFF_LINES]:
-        console.print(Text(visible(line.expandtabs()), ))
-    if len(lines) > MAX_DIFF_LINES:
-        console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.reason}"))
 
 
 def show_restored(restored: Restored) -> None:
@@ -5576,8 +5545,8 @@ def demo_checkpoints(session: Session) -> None:
         Path(name).write_text(text, encoding="utf-8")
     saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
     console.print(Text("\nA write, then a destructive command (nothing in it needs approval): "
-                       "each turn's first change gets a checkpoint. Then /rollback lists, "
-                       "compares, restores and undoes, and asks nothing.", style="bold"))
+                       "each turn's first change gets a checkpoint. /rollback asks nothing.",
+                       style="bold"))
     try:
         for line in DEMO_INPUTS:
             if line.startswith("/"):
@@ -5585,19 +5554,8 @@ def demo_checkpoints(session: Session) -> None:
                 handle_command(session, line)
             else:
                 demo_turn(session, line)
-            if line.startswith(("$", "/rollback 1")):
-                show_demo_folder()
     finally:
         use_checkpoints(saved)
-
-
-def show_demo_folder() -> None:
-    notes = Path("notes.txt").read_text(encoding="utf-8").count("\n")
-    there = [name for name in ("app.py", "app.old", "scratch.txt") if Path(name).exists()]
-    console.print(Text(f"  the folder: notes.txt has {notes} line(s); present: "
-                       f"{', '.join(there)}; .env unchanged: "
-                       f"{Path('.env').read_text(encoding='utf-8') == DEMO_FILES['.env']}",
-                       style="dim"))
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 

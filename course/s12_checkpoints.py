@@ -129,9 +129,6 @@ class Checkpoint(NamedTuple):
     ref: str                    # refs/checkpoints/0000000007: the names sort by age
     time: float                 # when it was taken, in seconds since 1970
     reason: str                 # "before write_file notes.txt", "before rollback to 1a2b3c4"
-    files: int                  # what changed since the checkpoint before it: files,
-    added: int                  # lines added
-    removed: int                # and lines removed
 
     @property
     def short(self) -> str:
@@ -194,21 +191,18 @@ class CheckpointManager:
         self.warned = False             # a failed checkpoint is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
-        """Record the project as it is now. The new checkpoint's id, or None when
-        nothing changed since the newest one."""
+        """The project as it is now: the new checkpoint's id (None: nothing changed)."""
         open_checkpoint_store(self)
         newest = self.list()[:1]
         stage_tree(self)
         # What changed since the newest checkpoint. Before the first one, everything:
         # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
-        changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+        changes = self.git("diff", "--cached", "--name-only", "-z", "--no-renames",
                            *[checkpoint.id for checkpoint in newest])
         if newest and not changes:
             return None
-        files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
-        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
-        commit = self.git("commit-tree", tree, input=message).strip()   # no parent
+        commit = self.git("commit-tree", tree, input=one_line(reason)).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
                  input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
@@ -234,8 +228,7 @@ class CheckpointManager:
                         "--", ".", *excluded(self.left_out))
 
     def restore(self, n: int | str) -> Restored:
-        """Make the project exactly what checkpoint n holds. First a checkpoint of the
-        project as it is now: the way back."""
+        """The project becomes checkpoint n, after a checkpoint of now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
         # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
@@ -678,14 +671,6 @@ def git_rewrites_files(words: list) -> bool:
     return git_command_name(words[1:]) in GIT_REWRITES
 
 
-#: teaching
-def numstat_totals(numstat: str) -> tuple[int, int, int]:
-    """(files, lines added, lines removed) from `git diff --numstat -z` (binary: "-")."""
-    rows = [row for row in (record.split("\t", 2) for record in numstat.split("\0"))
-            if len(row) == 3]
-    return len(rows), *(sum(int(row[i]) for row in rows if row[i].isdecimal()) for i in (0, 1))
-
-
 #: hardened
 def numstat_totals(numstat: str) -> tuple[int, int, int]:
     """(files, lines added, lines removed) from `git diff --numstat -z`. A binary file
@@ -707,10 +692,8 @@ def one_line(text: str) -> str:
 
 #: teaching
 def listed_checkpoint(index: int, record: str) -> Checkpoint:
-    ref, commit, when, reason, body = record.lstrip("\n").split("\0")
-    stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
-    files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
+    ref, commit, when, reason, _ = record.lstrip("\n").split("\0")
+    return Checkpoint(index, commit, ref, float(when), reason)
 
 
 #: hardened
@@ -1164,8 +1147,12 @@ def rollback_command(session: Session, argument: str) -> None:
     try:
         if not first:
             show_checkpoints(manager)
-        elif first == "diff":
-            show_checkpoint_diff(manager, checkpoint_number(rest.strip() or "1"))
+        elif first == "diff":       # from checkpoint N to now; visible(): no escape runs
+            lines = manager.diff(checkpoint_number(rest.strip() or "1")).splitlines()
+            for line in lines[:MAX_DIFF_LINES]:
+                console.print(Text(visible(line.expandtabs())))
+            if len(lines) > MAX_DIFF_LINES:
+                console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
         else:
             show_restored(manager.restore(checkpoint_number(argument)))
     except (CheckpointError, OSError) as exc:       # OSError: the store's folder, say
@@ -1218,17 +1205,10 @@ def show_checkpoints(manager: CheckpointManager) -> None:
     if not checkpoints:
         problem = never_checkpointed(manager.project, manager.home)
         console.print(Text(f"no checkpoints: {problem}" if problem else f"no checkpoints of "
-                           f"{manager.project} yet: the first change of a turn takes one",
-                           style="yellow" if problem else "dim"))
-        return
-    console.print(Text(f"checkpoints of {manager.project}, newest first (files and lines: "
-                       f"what changed since the one before):", style="bold"))
-    for c in checkpoints:
+                           f"{manager.project} yet: the first change of a turn takes one"))
+    for c in checkpoints:                   # newest first
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.files} file(s), "
-                           f"+{c.added} -{c.removed}  {c.reason}"))
-    console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
-                       "(undo: /rollback 1)", style="dim"))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.reason}"))
 
 
 #: hardened
@@ -1250,20 +1230,6 @@ def show_checkpoints(manager: CheckpointManager) -> None:
                            f"+{c.added} -{c.removed}  {c.reason}"))
     console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
                        "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
-
-
-#: teaching
-def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
-    checkpoint = find_checkpoint(manager, n)
-    lines = manager.diff(n).splitlines()
-    console.print(Text(f"changes from checkpoint {checkpoint.index} ({checkpoint.short}, "
-                       f"{checkpoint.reason}) to now:", style="bold"))
-    if not lines:
-        console.print(Text("  none: the project is as it was then", style="dim"))
-    for line in lines[:MAX_DIFF_LINES]:
-        console.print(Text(visible(line.expandtabs()), ))
-    if len(lines) > MAX_DIFF_LINES:
-        console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
 
 
 #: hardened
@@ -1335,8 +1301,8 @@ def demo_checkpoints(session: Session) -> None:
         Path(name).write_text(text, encoding="utf-8")
     saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
     console.print(Text("\nA write, then a destructive command (nothing in it needs approval): "
-                       "each turn's first change gets a checkpoint. Then /rollback lists, "
-                       "compares, restores and undoes, and asks nothing.", style="bold"))
+                       "each turn's first change gets a checkpoint. /rollback asks nothing.",
+                       style="bold"))
     try:
         for line in DEMO_INPUTS:
             if line.startswith("/"):
@@ -1344,8 +1310,6 @@ def demo_checkpoints(session: Session) -> None:
                 handle_command(session, line)
             else:
                 demo_turn(session, line)
-            if line.startswith(("$", "/rollback 1")):
-                show_demo_folder()
     finally:
         use_checkpoints(saved)
 
@@ -1386,6 +1350,7 @@ DEMO_ROLLBACKS = [
 ]
 
 
+#: hardened
 def show_demo_folder() -> None:
     notes = Path("notes.txt").read_text(encoding="utf-8").count("\n")
     there = [name for name in ("app.py", "app.old", "scratch.txt") if Path(name).exists()]
@@ -1690,7 +1655,8 @@ def run_turn(session: Session, user_text: str) -> bool:
 #: teaching
 DEMO_INPUTS = ["write todo.txt buy milk",
                "$ truncate -s 0 notes.txt && mv app.py app.old && echo oops > scratch.txt",
-               "/rollback", "/rollback diff 1", "/rollback 1", "/rollback 1"]
+               "/rollback", "/rollback diff 1", "/rollback 1", "read notes.txt", "/rollback 1",
+               "read notes.txt"]
 
 
 #: hardened
