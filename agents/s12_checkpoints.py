@@ -2,11 +2,11 @@
 """s12 · Checkpoints — a shadow git snapshot before each turn's first change, /rollback.
 
 What this stage adds
-    Before the first change of each user turn (write_file, patch or a terminal command)
-    the project is snapshot into a bare git repository of the agent's own, under
+    Before the first change of each user turn (write_file, patch or a terminal command) the
+    project is snapshot into the agent's own bare git repository in
     $LEARN_HERMES_HOME/checkpoints/; the project's .git is never touched. /rollback lists
-    the checkpoints, /rollback diff N shows the changes since N, /rollback N makes the
-    project exactly N again (undo: /rollback 1).
+    them, /rollback diff N shows the changes since N, /rollback N makes the project N again
+    (undo: /rollback 1).
 
     first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
         add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
@@ -14,9 +14,8 @@ What this stage adds
         git restore --source=<id> --staged --worktree --no-overlay -- .
 
 Reading guide
-    "[s12] Checkpoints" is the lesson: CheckpointManager and before_change(); "[s12]
-    Checkpoint details" has its helpers, and /rollback is under "[s12] Checkpoint
-    commands". The hardened edition (agents/hardened/) adds the details.
+    "[s12] Checkpoints" is the lesson, "[s12] Checkpoint details" its helpers, and /rollback
+    is under "[s12] Checkpoint commands". agents/hardened/ adds the details.
     Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool() in
     [s09]; build_settings(), flag_entries() in [s11]; and 6 definitions of the plumbing
     (python course/build.py --changes s12 lists them all).
@@ -178,12 +177,10 @@ class CheckpointManager:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
-        try:
+        try:                            # an OSError (no project folder, say) is the caller's
             done = subprocess.run([self.git_program, *args], cwd=self.project, input=input,
                                   env=git_environment(), capture_output=True, text=True,
                                   encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
-        except OSError as exc:
-            raise CheckpointError(f"git could not run ({exc})") from None
         except BaseException as exc:    # a timeout or Ctrl-C: git is killed, and its lock
             (self.store / "index.lock").unlink(missing_ok=True)    # would fail every call
             if isinstance(exc, subprocess.TimeoutExpired):
@@ -243,14 +240,11 @@ MAX_REASON_CHARS = 100                  # of a checkpoint's reason, the store ke
 # too; git itself never adds a .git): what a project can rebuild, secrets and logs.
 DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".cache/",
                     "build/", "dist/", "target/", ".env", ".env.*", "*.log")
-# Every file as its bytes: no line-ending conversion, filter or re-encoding that the
-# project's .gitattributes asks for (info/attributes beats them), or a restore would
-# not give back exactly what was there.
+# Every file as its bytes, whatever the project's .gitattributes asks for (no line-ending
+# conversion, filter or re-encoding): a restore gives back exactly what was there.
 EXACT_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
-# Given to every git call (-c), so nothing of the user's git setup changes what is
-# stored or runs: an identity (a machine with no git config has none, and commit-tree
-# fails), no signing, no hooks, no global excludes, no automatic gc in the middle of
-# a turn, file names as they are (not "\303\251").
+# Given to every git call (-c): an identity (commit-tree needs one), and none of the user's
+# setup: no signing, no hooks, no global excludes, no automatic gc, names not quoted.
 GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.invalid",
                 "commit.gpgsign=false", f"core.hooksPath={os.devnull}",
                 f"core.excludesFile={os.devnull}", "core.autocrlf=false",
@@ -281,9 +275,8 @@ def project_root(folder: Path) -> Path:
 
 
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None. / and the home folder are the
-    whole machine or a whole life; the agent's state folder holds the store itself (so
-    does a project around it); a folder that is no project may be anything (/tmp)."""
+    """Why this folder gets no checkpoints, or None: / and home are a whole machine or life,
+    the state folder (and a project around it) holds the stores, /tmp may be anything."""
     if project.parent == project:
         return f"{project} is the root folder: it is never checkpointed"
     if project == Path(os.path.realpath(os.path.expanduser("~"))):
@@ -344,7 +337,10 @@ def stage_tree(manager: CheckpointManager) -> None:
         raise CheckpointError(f"{manager.project} has {len(listed):,} files, more than "
                               f"checkpoints.max_files ({manager.max_files:,})")
     repositories = sorted(path for path in listed if path.endswith("/"))
-    large = sorted(path for path in listed if not path.endswith("/") and too_large(manager, path))
+    # Each file's size (a link's own: lstat); a file deleted since git listed it has none.
+    sizes = {path: os.lstat(manager.project / path).st_size for path in listed
+             if not path.endswith("/") and os.path.lexists(manager.project / path)}
+    large = sorted(path for path, size in sizes.items() if size > manager.max_file_bytes)
     manager.left_out = repositories + large
     if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
         manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
@@ -352,13 +348,6 @@ def stage_tree(manager: CheckpointManager) -> None:
                     input="\0".join(":(literal)" + path for path in manager.left_out))
     manager.git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
                 input="\0".join([".", *excluded(manager.left_out)]))
-
-
-def too_large(manager: CheckpointManager, path: str) -> bool:
-    try:
-        return os.lstat(os.path.join(manager.project, path)).st_size > manager.max_file_bytes
-    except OSError:                         # deleted since: nothing to leave out
-        return False
 
 
 def excluded(left_out: list) -> list[str]:
