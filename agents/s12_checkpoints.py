@@ -205,11 +205,10 @@ class CheckpointManager:
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
-                if not self.warned:
-                    self.warned = True
-                    err_console.print(Text(f"warning: no checkpoint was taken "
-                                           f"({first_line(exc)}); the tool runs anyway",
-                                           style="yellow"))
+                if not self.warned:     # once: the next turns would fail the same way
+                    err_console.print(Text(f"warning: no checkpoint was taken ({first_line(exc)})"
+                                           f"; the tool runs anyway", style="yellow"))
+                self.warned = True
                 return
         if commit is not None:          # shown between the tool call and its result
             left_out = f"; left out: {len(self.left_out)} (nested repositories, files over " \
@@ -265,9 +264,7 @@ def project_key(project: Path) -> str:
 
 
 def project_root(folder: Path) -> Path:
-    """The project of the working folder: the nearest folder, from `folder` up, that
-    holds one of PROJECT_MARKERS; `folder` itself if none does (never_checkpointed()
-    then says why it gets no checkpoints)."""
+    """The nearest folder, from `folder` up, with one of PROJECT_MARKERS (else `folder`)."""
     for candidate in (folder, *folder.parents):
         if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
             return candidate
@@ -312,8 +309,7 @@ def listed_checkpoint(index: int, record: str) -> Checkpoint:
 
 
 def open_checkpoint_store(manager: CheckpointManager) -> None:
-    """Create the store on first use (it records the project's path), and write its
-    excludes and attributes each time: a newer stage may have changed them."""
+    """Create the store on first use; its excludes and attributes each time (they change)."""
     problem = never_checkpointed(manager.project, manager.home)
     if problem:
         raise CheckpointError(problem)
@@ -5454,8 +5450,7 @@ def use_checkpoints(manager: CheckpointManager | None) -> CheckpointManager | No
 
 
 def checkpoints_from_config(config: Config) -> CheckpointManager | None:
-    """The manager of the working folder's project (project_root()) with the chain's
-    limits, or None: checkpoints are off, or git is not installed (one warning)."""
+    """The working folder's project_root() with the chain's limits, or None: off, no git."""
     folder = current_directory()
     if not config["checkpoints.enabled"] or folder is None:
         return None
@@ -5533,10 +5528,7 @@ def demo_checkpoints(session: Session) -> None:
     for name, text in DEMO_FILES.items():
         Path(name).write_text(text, encoding="utf-8")
     saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
-    console.print(Text("\nA write, then a destructive command (nothing in it needs approval): "
-                       "each turn's first change gets a checkpoint. /rollback asks nothing.",
-                       style="bold"))
-    try:
+    try:                    # a write, a destructive command (no approval needed), /rollback
         for line in DEMO_INPUTS:
             if line.startswith("/"):
                 console.print(Text(f"\n{STAGE}> {line}", style="bold"))

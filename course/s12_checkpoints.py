@@ -278,11 +278,10 @@ class CheckpointManager:
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
-                if not self.warned:
-                    self.warned = True
-                    err_console.print(Text(f"warning: no checkpoint was taken "
-                                           f"({first_line(exc)}); the tool runs anyway",
-                                           style="yellow"))
+                if not self.warned:     # once: the next turns would fail the same way
+                    err_console.print(Text(f"warning: no checkpoint was taken ({first_line(exc)})"
+                                           f"; the tool runs anyway", style="yellow"))
+                self.warned = True
                 return
         if commit is not None:          # shown between the tool call and its result
             left_out = f"; left out: {len(self.left_out)} (nested repositories, files over " \
@@ -589,6 +588,16 @@ def project_key(project: Path) -> str:
     return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+#: teaching
+def project_root(folder: Path) -> Path:
+    """The nearest folder, from `folder` up, with one of PROJECT_MARKERS (else `folder`)."""
+    for candidate in (folder, *folder.parents):
+        if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
+            return candidate
+    return folder
+
+
+#: hardened
 def project_root(folder: Path) -> Path:
     """The project of the working folder: the nearest folder, from `folder` up, that
     holds one of PROJECT_MARKERS; `folder` itself if none does (never_checkpointed()
@@ -722,8 +731,7 @@ def show_checkpoint_note(line: str) -> None:
 
 #: teaching
 def open_checkpoint_store(manager: CheckpointManager) -> None:
-    """Create the store on first use (it records the project's path), and write its
-    excludes and attributes each time: a newer stage may have changed them."""
+    """Create the store on first use; its excludes and attributes each time (they change)."""
     problem = never_checkpointed(manager.project, manager.home)
     if problem:
         raise CheckpointError(problem)
@@ -1090,8 +1098,7 @@ def use_checkpoints(manager: CheckpointManager | None) -> CheckpointManager | No
 
 #: teaching
 def checkpoints_from_config(config: Config) -> CheckpointManager | None:
-    """The manager of the working folder's project (project_root()) with the chain's
-    limits, or None: checkpoints are off, or git is not installed (one warning)."""
+    """The working folder's project_root() with the chain's limits, or None: off, no git."""
     folder = current_directory()
     if not config["checkpoints.enabled"] or folder is None:
         return None
@@ -1297,10 +1304,7 @@ def demo_checkpoints(session: Session) -> None:
     for name, text in DEMO_FILES.items():
         Path(name).write_text(text, encoding="utf-8")
     saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
-    console.print(Text("\nA write, then a destructive command (nothing in it needs approval): "
-                       "each turn's first change gets a checkpoint. /rollback asks nothing.",
-                       style="bold"))
-    try:
+    try:                    # a write, a destructive command (no approval needed), /rollback
         for line in DEMO_INPUTS:
             if line.startswith("/"):
                 console.print(Text(f"\n{STAGE}> {line}", style="bold"))
