@@ -1199,6 +1199,7 @@ def test_rollback_tells_what_is_wrong(stage, project, state):
     assert result.returncode == 0
     out = result.stdout
     assert "no checkpoints of " in repl_output(out, "s12> ", "/rollback")
+    assert "yet: the first change of a turn takes one" in repl_output(out, "s12> ", "/rollback")
     assert "error: no checkpoint 1: there are 0" in repl_output(out, "s12> ", "/rollback 1")
     assert "error: no checkpoint 9: there is 1" in repl_output(out, "s12> ", "/rollback 9")
     assert "'--help' is not a checkpoint" in repl_output(out, "s12> ", "/rollback --help")
