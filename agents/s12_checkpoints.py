@@ -2,35 +2,26 @@
 """s12 · Checkpoints — a shadow git snapshot before each turn's first change, /rollback.
 
 What this stage adds
-    Before the first change of each user turn (write_file, patch, or a terminal command
-    that may change files) the project is snapshot into the agent's own bare git
-    repository under $LEARN_HERMES_HOME/checkpoints/; the project's .git is never touched.
-    Ignored files, DEFAULT_EXCLUDES, nested repositories and files over 10 MB are left
-    out; 20 are kept; a failed one is a warning. /rollback lists them, /rollback diff N
-    shows the changes since N, /rollback N makes the project exactly N (undo: /rollback 1).
+    Before the first change of each user turn (write_file, patch or a terminal command) the
+    project is snapshot into the agent's own bare git repository in
+    $LEARN_HERMES_HOME/checkpoints/; the project's .git is never touched. /rollback lists
+    them, /rollback diff N shows the changes since N, /rollback N makes the project N again
+    (undo: /rollback 1).
 
-    user turn: first write_file / patch / terminal that may change files
-      ─▶ checkpoint_before_change() ─▶ CheckpointManager.snapshot(reason) ─▶ the tool
-          add -A ─▶ diff --numstat ─▶ nothing? skip ─▶ write-tree ─▶ commit-tree
-          ─▶ refs/checkpoints/0000000007 ─▶ prune
-    /rollback N ──▶ restore(): snapshot("before rollback to …"), then
-          git restore --source=<id> --staged --worktree --no-overlay -- .
+    first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
+        add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
+    /rollback N ─▶ restore(): snapshot("before rollback to …"), then
+        git restore --source=<id> --staged --worktree --no-overlay -- .
 
 Reading guide
-    Start right below the imports: "[s12] Checkpoints" is this stage's lesson:
-    CheckpointManager (snapshot(), list(), diff(), restore(); git() and run()), then when
-    a checkpoint is taken: before_change() once per turn, checkpoint_before_change()
-    called by the tools, command_may_change_files(). "[s12] Checkpoint details" holds
-    git's settings, the excludes, what is left out and the checks. Earlier stages follow,
-    then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
+    "[s12] Checkpoints" is the lesson, "[s12] Checkpoint details" its helpers, and /rollback
+    is under "[s12] Checkpoint commands". agents/hardened/ adds the details.
     Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool() in
-    [s09]; build_settings(), flag_entries() in [s11]; and 8 definitions of the plumbing
+    [s09]; build_settings(), flag_entries() in [s11]; and 6 definitions of the plumbing
     (python course/build.py --changes s12 lists them all).
 Run
-    python agents/s12_checkpoints.py                  # REPL (offline model without a key)
     python agents/s12_checkpoints.py --demo           # the walk-through
-    printf 'write a.txt 1\n$ echo 2 > a.txt\n/rollback 1\n' |
-        python agents/s12_checkpoints.py
+    printf 'write a.txt 1\n$ echo 2 > a.txt\n/rollback 1\n' | python agents/s12_checkpoints.py
 Chapter
     docs/en/s12-checkpoints.md
 """
@@ -94,12 +85,6 @@ class Checkpoint(NamedTuple):
     ref: str                    # refs/checkpoints/0000000007: the names sort by age
     time: float                 # when it was taken, in seconds since 1970
     reason: str                 # "before write_file notes.txt", "before rollback to 1a2b3c4"
-    files: int                  # what changed since the checkpoint before it: files,
-    added: int                  # lines added
-    removed: int                # and lines removed
-    left_out: tuple = ()        # the hardened edition records what was there then, not in
-                                # it: nested repositories, large and ignored files
-    empty: tuple = ()           # and its empty folders ("logs/"): git stores files only
 
     @property
     def short(self) -> str:
@@ -107,19 +92,14 @@ class Checkpoint(NamedTuple):
 
 
 class Restored(NamedTuple):
-    checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
+    checkpoint: Checkpoint      # the project is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
-    path: str | None
-    # Folders the checkpoint held that are repositories now: left as they are, and
-    # /rollback says so (the hardened edition: repositories_now()).
-    kept: tuple = ()
 
 
 class CheckpointManager:
-    """Checkpoints of one project folder, kept in a git repository of the agent's own
-    (a "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/, a bare repository with
-    no files of its own. Every git call names the store and the project explicitly, so
-    the project's own .git is never read or written."""
+    """Checkpoints of one project folder, in a bare git repository of the agent's own (a
+    "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/. Every git call names the
+    store and the project, so the project's own .git is never read or written."""
 
     def __init__(self, project: Path, home: Path | None = None,
                  max_snapshots: int = MAX_SNAPSHOTS, max_files: int = MAX_FILES,
@@ -133,24 +113,21 @@ class CheckpointManager:
         self.left_out: list[str] = []   # nested repositories and large files, last looked
         self.lock = threading.Lock()    # s10's sub-agents share the manager
         self.turn_taken = False         # this user turn has had its checkpoint
-        self.warned: set = set()        # each warning is shown once per run
+        self.warned = False             # a failed checkpoint is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
-        """Record the project as it is now. The new checkpoint's id, or None when
-        nothing changed since the newest one."""
+        """The project as it is now: the new checkpoint's id (None: nothing changed)."""
         open_checkpoint_store(self)
         newest = self.list()[:1]
         stage_tree(self)
         # What changed since the newest checkpoint. Before the first one, everything:
         # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
-        changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+        changes = self.git("diff", "--cached", "--name-only", "-z", "--no-renames",
                            *[checkpoint.id for checkpoint in newest])
         if newest and not changes:
             return None
-        files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
-        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
-        commit = self.git("commit-tree", tree, input=message).strip()   # no parent
+        commit = self.git("commit-tree", tree, input=one_line(reason)).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
                  input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
@@ -175,62 +152,42 @@ class CheckpointManager:
         return self.git("diff", "--cached", "--no-renames", "--no-ext-diff", checkpoint.id,
                         "--", ".", *excluded(self.left_out))
 
-    def restore(self, n: int | str, path: str | None = None) -> Restored:
-        """Make the project, or only `path`, exactly what checkpoint n holds. First a
-        checkpoint of the project as it is now: the way back."""
+    def restore(self, n: int | str) -> Restored:
+        """The project becomes checkpoint n, after a checkpoint of now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
-        relative = None if path is None else checked_path(self, path)
-        wanted = "." if relative is None else ":(literal)" + relative
-        if relative is not None and not os.path.lexists(self.project / relative) \
-                and not self.git("ls-tree", "--name-only", checkpoint.id, "--", wanted):
-            raise CheckpointError(self.not_there(path, checkpoint))    # a typo changes nothing
         # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
             or self.list()[0].id
         # The snapshot put every file it keeps into the index. --no-overlay removes what
         # the index has and the checkpoint has not (files created since); what is left
         # out now is not in the index, so it stays as it is.
-        try:
-            self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
-                     "--no-overlay", "--", wanted, *excluded(self.left_out))
-        except CheckpointError as exc:      # a typo: git found the path nowhere
-            if "did not match" not in str(exc):
-                raise
-            raise CheckpointError(self.not_there(path, checkpoint)) from None
+        self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
+                 "--no-overlay", "--", ".", *excluded(self.left_out))
         prune(self)
-        return Restored(checkpoint, undo, path)
+        return Restored(checkpoint, undo)
 
-    def not_there(self, path: str, checkpoint: Checkpoint) -> str:
-        return (f"{visible(path)!r} is not in checkpoint {checkpoint.short}, and not "
-                f"checkpointed now (missing, ignored or left out)")
-
-    def git(self, *args: str, input: str | None = None) -> str:
+    def git(self, *args: str, input: str = "") -> str:
         """One git command on the store and the project: its output."""
         options = [part for setting in GIT_SETTINGS for part in ("-c", setting)]
         return self.run([f"--git-dir={self.store}", f"--work-tree={self.project}",
                          *options, *args], input)
 
-    def run(self, args: list, input: str | None = None) -> str:
+    def run(self, args: list, input: str = "") -> str:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
-        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
-        try:
-            done = subprocess.run([self.git_program, *args], cwd=self.project,
+        try:                            # an OSError (no project folder, say) is the caller's
+            done = subprocess.run([self.git_program, *args], cwd=self.project, input=input,
                                   env=git_environment(), capture_output=True, text=True,
-                                  encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT,
-                                  **stdin)
-        except subprocess.TimeoutExpired:
-            remove_stale_lock(self.store)
-            raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
-        except OSError as exc:
-            raise CheckpointError(f"git could not run ({exc})") from None
-        except BaseException:                   # Ctrl-C: run() has killed git already
-            remove_stale_lock(self.store)
+                                  encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
+        except BaseException as exc:    # a timeout or Ctrl-C: git is killed, and its lock
+            (self.store / "index.lock").unlink(missing_ok=True)    # would fail every call
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
             raise
         if done.returncode != 0:
-            complaint = first_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
-            raise CheckpointError(f"git {git_command_name(args)}: {complaint}")
+            raise CheckpointError("git: " + (first_line(done.stderr or done.stdout)
+                                             or f"exit code {done.returncode}"))
         return done.stdout
 
     def new_turn(self) -> None:
@@ -247,12 +204,16 @@ class CheckpointManager:
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
-                warn_once(self, f"warning: no checkpoint was taken ({first_line(exc)}); "
-                                f"the tool runs anyway")
+                if not self.warned:     # once: the next turns would fail the same way
+                    err_console.print(Text(f"warning: no checkpoint was taken ({first_line(exc)})"
+                                           f"; the tool runs anyway", style="yellow"))
+                self.warned = True
                 return
-        if commit is not None:
-            show_checkpoint_note(f"[checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
-                                 f"{left_out_note(self.left_out)}]")
+        if commit is not None:          # shown between the tool call and its result
+            left_out = f"; left out: {len(self.left_out)} (nested repositories, files over " \
+                       f"checkpoints.max_file_size_mb)" if self.left_out else ""
+            console.print(Text(f"  [checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
+                               f"{left_out}]", style="dim"))
 
     def contains(self, path: Path) -> bool:
         real = Path(os.path.realpath(path))
@@ -269,52 +230,19 @@ def checkpoint_before_change(reason: str, target: Path | None = None) -> None:
     if manager is not None and (target is None or manager.contains(target)):
         manager.before_change(reason)
 
-
-def checkpoint_before_command(command: str) -> None:
-    """A terminal command that may change files (it runs, so the gate let it pass)."""
-    if CHECKPOINTS is not None and command_may_change_files(command):
-        checkpoint_before_change(f"before terminal: {command}")
-
-
-def command_may_change_files(command: str) -> bool:
-    """A dangerous command (it was approved), a command that writes a path (a redirect,
-    rm, mv, cp, tee, ...: write_targets()) or a git command that rewrites files. When in
-    doubt (a failing check): yes."""
-    try:
-        if detect_dangerous_command(command):
-            return True
-        if any(not target.startswith("/dev/") for target in write_targets(command)):
-            return True                         # 2>/dev/null changes no file
-        parts = SHELL_SEPARATORS.split(normalize_command(command).casefold())
-        return any(git_rewrites_files(part.split()) for part in parts)
-    except Exception:
-        return True
-
 # ── [s12] Checkpoint details ────────────────────────────────────────────────
 
 GIT_TIMEOUT = 60                        # seconds one git command may take
 MAX_REASON_CHARS = 100                  # of a checkpoint's reason, the store keeps this much
 # Never stored (written to the store's info/exclude; the project's .gitignore counts
-# too). Git itself never adds a .git. What a project can rebuild, what should not be
-# copied around (secrets) and what is large: dependencies, caches, build output, logs,
-# binaries, archives and media.
-DEFAULT_EXCLUDES = (
-    "node_modules/", ".venv/", "venv/", "__pycache__/", "*.pyc", "*.pyo", ".tox/",
-    ".cache/", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", "coverage/", ".coverage",
-    "build/", "dist/", "target/", "out/", ".next/", ".nuxt/", ".hg/", ".svn/",
-    ".env", ".env.*", "*.log", ".DS_Store", "Thumbs.db",
-    "*.so", "*.dylib", "*.dll", "*.o", "*.a", "*.obj", "*.exe", "*.class", "*.jar",
-    "*.zip", "*.tar", "*.tar.gz", "*.tgz", "*.7z", "*.rar", "*.iso",
-    "*.mp4", "*.mov", "*.mkv", "*.webm",
-)
-# Every file as its bytes: no line-ending conversion, filter or re-encoding that the
-# project's .gitattributes asks for (info/attributes beats them), or a restore would
-# not give back exactly what was there.
+# too; git itself never adds a .git): what a project can rebuild, secrets and logs.
+DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".cache/",
+                    "build/", "dist/", "target/", ".env", ".env.*", "*.log")
+# Every file as its bytes, whatever the project's .gitattributes asks for (no line-ending
+# conversion, filter or re-encoding): a restore gives back exactly what was there.
 EXACT_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
-# Given to every git call (-c), so nothing of the user's git setup changes what is
-# stored or runs: an identity (a machine with no git config has none, and commit-tree
-# fails), no signing, no hooks, no global excludes, no automatic gc in the middle of
-# a turn, file names as they are (not "\303\251").
+# Given to every git call (-c): an identity (commit-tree needs one), and none of the user's
+# setup: no signing, no hooks, no global excludes, no automatic gc, names not quoted.
 GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.invalid",
                 "commit.gpgsign=false", f"core.hooksPath={os.devnull}",
                 f"core.excludesFile={os.devnull}", "core.autocrlf=false",
@@ -323,13 +251,9 @@ GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.i
 LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:subject)"
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
-CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
-GIT_OPTION_WITH_VALUE = {"-c", "-C", "--git-dir", "--work-tree", "--namespace"}
-GIT_REWRITES = {"reset", "checkout", "switch", "restore", "clean", "stash", "rm", "mv",
-                "apply", "am", "merge", "rebase", "pull", "revert", "cherry-pick"}
 
 
 def project_key(project: Path) -> str:
@@ -339,9 +263,7 @@ def project_key(project: Path) -> str:
 
 
 def project_root(folder: Path) -> Path:
-    """The project of the working folder: the nearest folder, from `folder` up, that
-    holds one of PROJECT_MARKERS; `folder` itself if none does (never_checkpointed()
-    then says why it gets no checkpoints)."""
+    """The nearest folder, from `folder` up, with one of PROJECT_MARKERS (else `folder`)."""
     for candidate in (folder, *folder.parents):
         if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
             return candidate
@@ -349,15 +271,14 @@ def project_root(folder: Path) -> Path:
 
 
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None. / and the home folder are the
-    whole machine or a whole life; the agent's state folder holds the store itself;
-    a folder that is no project may be anything (a download folder, /tmp)."""
+    """Why this folder gets no checkpoints, or None: / and home are a whole machine or life,
+    the state folder (and a project around it) holds the stores, /tmp may be anything."""
     if project.parent == project:
         return f"{project} is the root folder: it is never checkpointed"
     if project == Path(os.path.realpath(os.path.expanduser("~"))):
         return f"{project} is the home folder: it is never checkpointed"
-    if project == home or home in project.parents:
-        return f"{project} is in the agent's state folder {home}: it is never checkpointed"
+    if project == home or home in project.parents or project in home.parents:
+        return f"{project} overlaps the agent's state folder {home}: it is never checkpointed"
     if not any(os.path.lexists(project / marker) for marker in PROJECT_MARKERS):
         return (f"{project} is not in a project: neither it nor a folder above holds "
                 f"{', '.join(PROJECT_MARKERS[:3])} or another project marker")
@@ -375,38 +296,6 @@ def git_environment() -> dict:
     return env
 
 
-def git_command_name(args: list) -> str:
-    """The git command in a call's arguments: "add" in [--git-dir=…, -c, x=y, add, -A]."""
-    words = iter(args)
-    for word in words:
-        if word in GIT_OPTION_WITH_VALUE:
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return "git"
-
-
-def git_rewrites_files(words: list) -> bool:
-    """`git reset --hard`, `git -C x checkout .`, ...: a git command that changes the
-    work tree. `words` is one command, split into words, in lower case."""
-    if not words or words[0] != "git":
-        return False
-    return git_command_name(words[1:]) in GIT_REWRITES
-
-
-def numstat_totals(numstat: str) -> tuple[int, int, int]:
-    """(files, lines added, lines removed) from `git diff --numstat -z`. A binary file
-    counts as a file; its lines are "-"."""
-    files = added = removed = 0
-    for record in numstat.split("\0"):
-        parts = record.split("\t", 2)
-        if len(parts) == 3:
-            files += 1
-            added += int(parts[0]) if parts[0].isdecimal() else 0
-            removed += int(parts[1]) if parts[1].isdecimal() else 0
-    return files, added, removed
-
-
 def one_line(text: str) -> str:
     """A reason as the store keeps it: one line, nothing hidden, at most MAX_REASON_CHARS."""
     line = visible(" ".join(str(text).split()))
@@ -414,58 +303,23 @@ def one_line(text: str) -> str:
 
 
 def listed_checkpoint(index: int, record: str) -> Checkpoint:
-    ref, commit, when, reason, body = record.lstrip("\n").split("\0")
-    stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
-    files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
-
-
-def checked_id(text: str) -> str:
-    """A checkpoint id as typed: 4 to 64 hex characters, never an option (-x, --help)."""
-    if text.startswith("-") or not CHECKPOINT_ID.fullmatch(text):
-        raise CheckpointError(f"{visible(text)!r} is not a checkpoint: give its number "
-                              f"(/rollback lists them) or its id (4-64 hex characters)")
-    return text
-
-
-def left_out_note(left_out: list) -> str:
-    return (f"; left out: {len(left_out)} (nested repositories, files over "
-            f"checkpoints.max_file_size_mb)" if left_out else "")
-
-
-def show_checkpoint_note(line: str) -> None:
-    console.print(Text(f"  {line}", style="dim"))     # between the tool call and its result
+    ref, commit, when, reason, _ = record.lstrip("\n").split("\0")
+    return Checkpoint(index, commit, ref, float(when), reason)
 
 
 def open_checkpoint_store(manager: CheckpointManager) -> None:
-    """Create the store on first use, and write its excludes and attributes (each
-    time: a newer stage may have changed them). The project's path is kept in it."""
+    """Create the store on first use; its excludes and attributes each time (they change)."""
     problem = never_checkpointed(manager.project, manager.home)
     if problem:
         raise CheckpointError(problem)
     store = manager.store
-    record = store / "project"
     if not (store / "HEAD").is_file():
         store.mkdir(parents=True, exist_ok=True, mode=0o700)   # it holds copies of files
         manager.run(["init", "--bare", "--quiet", str(store)])
-        record.write_text(f"{manager.project}\n", encoding="utf-8")
-    elif record.is_file() and record.read_text(encoding="utf-8").strip() != str(manager.project):
-        raise CheckpointError(f"the store {store} belongs to another folder")
+        (store / "project").write_text(f"{manager.project}\n", encoding="utf-8")
     (store / "info").mkdir(exist_ok=True)
-    (store / "info" / "exclude").write_text(
-        "\n".join([*DEFAULT_EXCLUDES, *state_folder_exclude(manager)]) + "\n", encoding="utf-8")
+    (store / "info" / "exclude").write_text("\n".join(DEFAULT_EXCLUDES) + "\n", encoding="utf-8")
     (store / "info" / "attributes").write_text(EXACT_ATTRIBUTES, encoding="utf-8")
-
-
-def state_folder_exclude(manager: CheckpointManager) -> list[str]:
-    """A project that holds the agent's state folder (and so the store): never that."""
-    if manager.project not in manager.home.parents:
-        return []
-    relative = manager.home.relative_to(manager.project).as_posix()
-    if "\n" in relative or "\r" in relative:
-        raise CheckpointError("the state folder's path has a line break: it cannot be "
-                              "excluded")
-    return ["/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", relative) + "/"]    # an exact path
 
 
 def stage_tree(manager: CheckpointManager) -> None:
@@ -478,7 +332,10 @@ def stage_tree(manager: CheckpointManager) -> None:
         raise CheckpointError(f"{manager.project} has {len(listed):,} files, more than "
                               f"checkpoints.max_files ({manager.max_files:,})")
     repositories = sorted(path for path in listed if path.endswith("/"))
-    large = sorted(path for path in listed if not path.endswith("/") and too_large(manager, path))
+    # Each file's size (a link's own: lstat); a file deleted since git listed it has none.
+    sizes = {path: os.lstat(manager.project / path).st_size for path in listed
+             if not path.endswith("/") and os.path.lexists(manager.project / path)}
+    large = sorted(path for path, size in sizes.items() if size > manager.max_file_bytes)
     manager.left_out = repositories + large
     if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
         manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
@@ -486,13 +343,6 @@ def stage_tree(manager: CheckpointManager) -> None:
                     input="\0".join(":(literal)" + path for path in manager.left_out))
     manager.git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
                 input="\0".join([".", *excluded(manager.left_out)]))
-
-
-def too_large(manager: CheckpointManager, path: str) -> bool:
-    try:
-        return os.lstat(os.path.join(manager.project, path)).st_size > manager.max_file_bytes
-    except OSError:                         # deleted since: nothing to leave out
-        return False
 
 
 def excluded(left_out: list) -> list[str]:
@@ -511,51 +361,17 @@ def prune(manager: CheckpointManager) -> None:
 
 
 def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
-    """Checkpoint n: its number in the list (1 = the newest) or its id (or the start
-    of it). Only the project's own checkpoints can be named, never any other commit."""
+    """Checkpoint n, by its number in the list (1 = the newest). Nothing else names a
+    checkpoint: not an option (--help), not a commit of any other repository."""
     checkpoints = manager.list()
-    if isinstance(n, int) and not isinstance(n, bool):
-        if 1 <= n <= len(checkpoints):
-            return checkpoints[n - 1]
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise CheckpointError(f"{visible(str(n))!r} is not a checkpoint: give its number "
+                              f"(/rollback lists them)")
+    if not 1 <= n <= len(checkpoints):
         there = "there is" if len(checkpoints) == 1 else "there are"
         raise CheckpointError(f"no checkpoint {n}: {there} {len(checkpoints)} "
                               f"(/rollback lists them)")
-    wanted = checked_id(str(n))
-    found = [checkpoint for checkpoint in checkpoints if checkpoint.id.startswith(wanted)]
-    if len(found) != 1:
-        raise CheckpointError(f"{'no' if not found else 'more than one'} checkpoint with "
-                              f"the id {n}")
-    return found[0]
-
-
-def checked_path(manager: CheckpointManager, path: str) -> str:
-    """A path to restore alone, as a pathspec: relative, inside the project (also after
-    symbolic links are followed), and not the project itself."""
-    shown = repr(visible(path))
-    if not path.strip() or "\0" in path or os.path.isabs(path):
-        raise CheckpointError(f"{shown}: give a path relative to the project "
-                              f"({manager.project})")
-    relative = os.path.normpath(path)
-    real = Path(os.path.realpath(manager.project / relative))
-    if relative == os.pardir or relative.startswith(os.pardir + os.sep) \
-            or manager.project not in real.parents:
-        raise CheckpointError(f"{shown} is not inside the project {manager.project}"
-                              + (" (all of it: /rollback N)" if real == manager.project else ""))
-    return Path(relative).as_posix()
-
-
-def remove_stale_lock(store: Path) -> None:
-    """A git that was killed (Ctrl-C, a timeout) may leave index.lock behind, and every
-    later git call would fail on it."""
-    (store / "index.lock").unlink(missing_ok=True)
-
-
-def warn_once(manager: CheckpointManager, line: str) -> None:
-    """Each kind of warning once per run: "12,031 files" and "12,032 files" are one."""
-    kind = re.sub(r"\d[\d,]*", "#", line)
-    if kind not in manager.warned:
-        manager.warned.add(kind)
-        err_console.print(Text(line, style="yellow"))
+    return checkpoints[n - 1]
 
 # ── [s11] Configuration chain ───────────────────────────────────────────────
 
@@ -1708,11 +1524,11 @@ def approval_context() -> ApprovalContext:
 
 def terminal_tool(command: str, timeout: int | None = None) -> str:
     """The terminal tool from this stage on: the gate, then s01's run_terminal(). s12:
-    a command that may change files gets the turn's checkpoint first."""
+    any command that runs may change files, so the turn's checkpoint comes first."""
     refusal = command_gate(command)
     if refusal is not None:
         return refusal
-    checkpoint_before_command(command)
+    checkpoint_before_change(f"before terminal: {command}")
     return run_terminal(command, timeout)
 
 
@@ -4517,10 +4333,8 @@ HELP_TEXT = """Commands:
   /yolo          YOLO on or off for this session only (never for hardline commands)
   /delegation    how sub-agents run: budget, limits, approvals, heartbeat
   /config        every setting, its value and where it came from (--show-config)
-  /rollback      the checkpoints of this project, newest first
-  /rollback diff N     what changed since checkpoint N
-  /rollback N [path]   the project (or one path) back to checkpoint N; /rollback 1
-                       afterwards undoes it
+  /rollback      the checkpoints of this project, newest first; /rollback diff N: what
+                 changed since N; /rollback N: back to N (/rollback 1 then undoes it)
   /quit          leave (Ctrl-D works too)
 Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
 The offline model understands:
@@ -4542,8 +4356,7 @@ The offline model understands:
   skill <name>           load a skill with skill_view
   delegate <goal>        give the goal to a sub-agent with delegate_task (try
                          delegate $ ls); delegate <goal> | <goal> runs up to 3 at once
-  config                 the model says which settings this run has and who set them
-  checkpoints            the model says which checkpoints there are (only you roll back)"""
+  config                 the model says which settings this run has and who set them"""
 
 
 class Session:
@@ -4718,7 +4531,8 @@ def repl(session: Session) -> int:
 
 DEMO_INPUTS = ["write todo.txt buy milk",
                "$ truncate -s 0 notes.txt && mv app.py app.old && echo oops > scratch.txt",
-               "checkpoints"]
+               "/rollback", "/rollback diff 1", "/rollback 1", "read notes.txt", "/rollback 1",
+               "read notes.txt"]
 
 
 def run_demo(session: Session) -> int:
@@ -5486,13 +5300,7 @@ def use_checkpoints(manager: CheckpointManager | None) -> CheckpointManager | No
 
 
 def checkpoints_from_config(config: Config) -> CheckpointManager | None:
-    """The project's manager with the chain's limits, or None when checkpoints
-    are off: by a setting, or (with one warning) because git is not installed.
-
-    The project, as in Hermes, is the nearest folder from the working folder up with a
-    .git, pyproject.toml, package.json or another of PROJECT_MARKERS: in a subfolder
-    of a repository, /rollback restores the whole repository. A folder in no project
-    gets no checkpoints, silently: /rollback says why."""
+    """The working folder's project_root() with the chain's limits, or None: off, no git."""
     folder = current_directory()
     if not config["checkpoints.enabled"] or folder is None:
         return None
@@ -5512,8 +5320,8 @@ def off_flag(setting: Setting) -> str:
 
 
 def rollback_command(session: Session, argument: str) -> None:
-    """/rollback: list; /rollback diff N; /rollback N; /rollback N <path>. Nothing is
-    asked: a rollback takes a checkpoint first, so it can be undone (also in a pipe)."""
+    """/rollback: list; /rollback diff N; /rollback N. Nothing is asked: a rollback takes
+    a checkpoint first, so it can be undone (also in a pipe)."""
     manager = CHECKPOINTS
     if manager is None:
         console.print(Text(CHECKPOINTS_OFF, style="yellow"))
@@ -5522,10 +5330,14 @@ def rollback_command(session: Session, argument: str) -> None:
     try:
         if not first:
             show_checkpoints(manager)
-        elif first == "diff":
-            show_checkpoint_diff(manager, checkpoint_number(rest.strip() or "1"))
+        elif first == "diff":       # from checkpoint N to now; visible(): no escape runs
+            lines = manager.diff(checkpoint_number(rest.strip() or "1")).splitlines()
+            for line in lines[:MAX_DIFF_LINES]:
+                console.print(Text(visible(line.expandtabs())))
+            if len(lines) > MAX_DIFF_LINES:
+                console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
         else:
-            show_restored(manager.restore(checkpoint_number(first), rest.strip() or None))
+            show_restored(manager.restore(checkpoint_number(argument)))
     except (CheckpointError, OSError) as exc:       # OSError: the store's folder, say
         console.print(Text(f"error: {exc}", style="red"))
 
@@ -5534,67 +5346,27 @@ COMMANDS["/rollback"] = rollback_command
 
 
 def checkpoint_number(text: str) -> int | str:
-    """1 to 999 are numbers in the list; anything else must be an id (checked_id())."""
+    """1 to 999 are numbers in the list; any other text is no checkpoint (find_checkpoint())."""
     return int(text) if text.isdecimal() and len(text) <= 3 else text
 
 
 def show_checkpoints(manager: CheckpointManager) -> None:
     checkpoints = manager.list()
-    problem = never_checkpointed(manager.project, manager.home)
-    if problem and not checkpoints:
-        console.print(Text(f"no checkpoints: {problem}", style="yellow"))
-        return
     if not checkpoints:
-        console.print(Text(f"no checkpoints of {manager.project} yet: the first change of "
-                           f"a turn takes one", style="dim"))
-        return
-    console.print(Text(f"checkpoints of {manager.project}, newest first (files and lines: "
-                       f"what changed since the one before):", style="bold"))
-    for c in checkpoints:
+        problem = never_checkpointed(manager.project, manager.home)
+        console.print(Text(f"no checkpoints: {problem}" if problem else f"no checkpoints of "
+                           f"{manager.project} yet: the first change of a turn takes one"))
+    for c in checkpoints:                   # newest first
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.files} file(s), "
-                           f"+{c.added} -{c.removed}  {c.reason}"))
-    console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
-                       "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
-
-
-def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
-    checkpoint = find_checkpoint(manager, n)
-    lines = manager.diff(n).splitlines()
-    console.print(Text(f"changes from checkpoint {checkpoint.index} ({checkpoint.short}, "
-                       f"{checkpoint.reason}) to now:", style="bold"))
-    if not lines:
-        console.print(Text("  none: the project is as it was then", style="dim"))
-    for line in lines[:MAX_DIFF_LINES]:
-        console.print(Text(visible(line.expandtabs()), ))
-    if len(lines) > MAX_DIFF_LINES:
-        console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.reason}"))
 
 
 def show_restored(restored: Restored) -> None:
     c = restored.checkpoint
-    what = repr(visible(restored.path)) if restored.path else "the project"
-    console.print(Text(f"restored {what} to checkpoint {c.short} ({c.reason})", style="green"))
+    console.print(Text(f"restored the project to checkpoint {c.short} ({c.reason})",
+                       style="green"))
     console.print(Text(f"the state before this rollback is checkpoint 1 now "
                        f"({restored.undo[:SHORT_ID_CHARS]}): /rollback 1 undoes it", style="dim"))
-    for folder in restored.kept:
-        console.print(Text(f"{visible(folder)} is a repository of its own now: left as it is, "
-                           f"not restored", style="yellow"))
-
-
-def describe_checkpoints() -> str:
-    """The offline model's `checkpoints` verb: what it knows, and who rolls back."""
-    if CHECKPOINTS is None:
-        return f"No checkpoints: {CHECKPOINTS_OFF}."
-    try:
-        checkpoints = CHECKPOINTS.list()
-    except CheckpointError as exc:
-        return f"The checkpoints cannot be read: {exc}"
-    lines = [f"{len(checkpoints)} checkpoint(s) of {CHECKPOINTS.project}, newest first:"]
-    lines += [f"  {c.index}. {c.short} {c.reason}" for c in checkpoints[:5]]
-    return "\n".join(lines + ["Only you can roll back (I have no tool for it): /rollback "
-                              "lists them, /rollback N restores one, and /rollback 1 "
-                              "afterwards undoes that."])
 
 
 DEMO_FILES = {"pyproject.toml": "[project]\nname = \"demo\"\n",     # a project marker
@@ -5606,43 +5378,15 @@ def demo_checkpoints(session: Session) -> None:
     for name, text in DEMO_FILES.items():
         Path(name).write_text(text, encoding="utf-8")
     saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
-    try:
-        console.print(Text("\n1. The first change of a turn is preceded by a checkpoint of "
-                           "the project (the working folder: it has a pyproject.toml):",
-                           style="bold"))
-        demo_turn(session, DEMO_INPUTS[0])
-        console.print(Text("\n2. A destructive command (nothing in it needs approval) in "
-                           "the next turn: another checkpoint first.", style="bold"))
-        demo_turn(session, DEMO_INPUTS[1])
-        show_demo_folder()
-        for title, line in DEMO_ROLLBACKS:
-            console.print(Text(f"\n{title}", style="bold"))
-            console.print(Text(f"{STAGE}> {line}", style="bold"))
-            handle_command(session, line)
-            if line != "/rollback" and "diff" not in line:
-                show_demo_folder()
-        demo_turn(session, DEMO_INPUTS[2])
+    try:                    # a write, a destructive command (no approval needed), /rollback
+        for line in DEMO_INPUTS:
+            if line.startswith("/"):
+                console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                handle_command(session, line)
+            else:
+                demo_turn(session, line)
     finally:
         use_checkpoints(saved)
-
-
-DEMO_ROLLBACKS = [
-    ("3. /rollback lists the checkpoints, newest first:", "/rollback"),
-    ("4. What changed since checkpoint 1:", "/rollback diff 1"),
-    ("5. Back to checkpoint 1: exactly as it was (files created since are removed; .env, "
-     "left out of checkpoints, is untouched). Nothing is asked:", "/rollback 1"),
-    ("6. The rollback took a checkpoint first, so /rollback 1 again undoes it:",
-     "/rollback 1"),
-]
-
-
-def show_demo_folder() -> None:
-    notes = Path("notes.txt").read_text(encoding="utf-8").count("\n")
-    there = [name for name in ("app.py", "app.old", "scratch.txt") if Path(name).exists()]
-    console.print(Text(f"  the folder: notes.txt has {notes} line(s); present: "
-                       f"{', '.join(there)}; .env unchanged: "
-                       f"{Path('.env').read_text(encoding='utf-8') == DEMO_FILES['.env']}",
-                       style="dim"))
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
@@ -5662,8 +5406,7 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "('remember about me: <fact>' for the user profile), "
                 "'skills' lists the skills and 'skill <name>' loads one, "
                 "'delegate <goal>' (or '<goal> | <goal>') hands work to sub-agents, "
-                "'config' describes the settings of this run, "
-                "'checkpoints' lists the checkpoints of this project. "
+                "'config' describes the settings of this run. "
                 "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
                 "other providers) and start me again.")
 
@@ -5765,8 +5508,6 @@ def offline_reply(messages: list, counter: list) -> dict:
         return {"content": describe_context(messages)}
     if text == "config":
         return {"content": describe_config()}
-    if text == "checkpoints":
-        return {"content": describe_checkpoints()}
     if text.startswith(("fail ", "retry ")):
         return recovery_reply(text, counter)
     plan = offline_plan(text)

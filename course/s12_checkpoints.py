@@ -1,6 +1,32 @@
 # s12_checkpoints: what this stage adds, changes and removes. course/build.py writes the stage files.
 
-#: docstring
+#: docstring | teaching
+"""s12 · Checkpoints — a shadow git snapshot before each turn's first change, /rollback.
+
+What this stage adds
+    Before the first change of each user turn (write_file, patch or a terminal command) the
+    project is snapshot into the agent's own bare git repository in
+    $LEARN_HERMES_HOME/checkpoints/; the project's .git is never touched. /rollback lists
+    them, /rollback diff N shows the changes since N, /rollback N makes the project N again
+    (undo: /rollback 1).
+
+    first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
+        add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
+    /rollback N ─▶ restore(): snapshot("before rollback to …"), then
+        git restore --source=<id> --staged --worktree --no-overlay -- .
+
+Reading guide
+    "[s12] Checkpoints" is the lesson, "[s12] Checkpoint details" its helpers, and /rollback
+    is under "[s12] Checkpoint commands". agents/hardened/ adds the details.
+    {changed elsewhere}
+Run
+    python agents/s12_checkpoints.py --demo           # the walk-through
+    printf 'write a.txt 1\n$ echo 2 > a.txt\n/rollback 1\n' | python agents/s12_checkpoints.py
+Chapter
+    docs/en/s12-checkpoints.md
+"""
+
+#: docstring | hardened
 """s12 · Checkpoints — a shadow git snapshot before each turn's first change, /rollback.
 
 What this stage adds
@@ -95,6 +121,20 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be taken, listed or restored; the message says why."""
 
 
+#: teaching
+class Checkpoint(NamedTuple):
+    index: int                  # 1 = the newest, as /rollback numbers them
+    id: str                     # the commit's id
+    ref: str                    # refs/checkpoints/0000000007: the names sort by age
+    time: float                 # when it was taken, in seconds since 1970
+    reason: str                 # "before write_file notes.txt", "before rollback to 1a2b3c4"
+
+    @property
+    def short(self) -> str:
+        return self.id[:SHORT_ID_CHARS]
+
+
+#: hardened
 class Checkpoint(NamedTuple):
     index: int                  # 1 = the newest, as /rollback numbers them
     id: str                     # the commit's id
@@ -113,6 +153,13 @@ class Checkpoint(NamedTuple):
         return self.id[:SHORT_ID_CHARS]
 
 
+#: teaching
+class Restored(NamedTuple):
+    checkpoint: Checkpoint      # the project is now as it was then
+    undo: str                   # the checkpoint taken just before: the way back
+
+
+#: hardened
 class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project (or `path` in it) is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
@@ -124,10 +171,9 @@ class Restored(NamedTuple):
 
 #: teaching
 class CheckpointManager:
-    """Checkpoints of one project folder, kept in a git repository of the agent's own
-    (a "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/, a bare repository with
-    no files of its own. Every git call names the store and the project explicitly, so
-    the project's own .git is never read or written."""
+    """Checkpoints of one project folder, in a bare git repository of the agent's own (a
+    "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/. Every git call names the
+    store and the project, so the project's own .git is never read or written."""
 
     def __init__(self, project: Path, home: Path | None = None,
                  max_snapshots: int = MAX_SNAPSHOTS, max_files: int = MAX_FILES,
@@ -141,24 +187,21 @@ class CheckpointManager:
         self.left_out: list[str] = []   # nested repositories and large files, last looked
         self.lock = threading.Lock()    # s10's sub-agents share the manager
         self.turn_taken = False         # this user turn has had its checkpoint
-        self.warned: set = set()        # each warning is shown once per run
+        self.warned = False             # a failed checkpoint is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
-        """Record the project as it is now. The new checkpoint's id, or None when
-        nothing changed since the newest one."""
+        """The project as it is now: the new checkpoint's id (None: nothing changed)."""
         open_checkpoint_store(self)
         newest = self.list()[:1]
         stage_tree(self)
         # What changed since the newest checkpoint. Before the first one, everything:
         # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
-        changes = self.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+        changes = self.git("diff", "--cached", "--name-only", "-z", "--no-renames",
                            *[checkpoint.id for checkpoint in newest])
         if newest and not changes:
             return None
-        files, added, removed = numstat_totals(changes)
         tree = self.git("write-tree").strip()
-        message = f"{one_line(reason)}\n\nfiles {files} +{added} -{removed}\n"
-        commit = self.git("commit-tree", tree, input=message).strip()   # no parent
+        commit = self.git("commit-tree", tree, input=one_line(reason)).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
         self.git("update-ref", "--stdin",
                  input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
@@ -183,62 +226,42 @@ class CheckpointManager:
         return self.git("diff", "--cached", "--no-renames", "--no-ext-diff", checkpoint.id,
                         "--", ".", *excluded(self.left_out))
 
-    def restore(self, n: int | str, path: str | None = None) -> Restored:
-        """Make the project, or only `path`, exactly what checkpoint n holds. First a
-        checkpoint of the project as it is now: the way back."""
+    def restore(self, n: int | str) -> Restored:
+        """The project becomes checkpoint n, after a checkpoint of now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
-        relative = None if path is None else checked_path(self, path)
-        wanted = "." if relative is None else ":(literal)" + relative
-        if relative is not None and not os.path.lexists(self.project / relative) \
-                and not self.git("ls-tree", "--name-only", checkpoint.id, "--", wanted):
-            raise CheckpointError(self.not_there(path, checkpoint))    # a typo changes nothing
         # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
             or self.list()[0].id
         # The snapshot put every file it keeps into the index. --no-overlay removes what
         # the index has and the checkpoint has not (files created since); what is left
         # out now is not in the index, so it stays as it is.
-        try:
-            self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
-                     "--no-overlay", "--", wanted, *excluded(self.left_out))
-        except CheckpointError as exc:      # a typo: git found the path nowhere
-            if "did not match" not in str(exc):
-                raise
-            raise CheckpointError(self.not_there(path, checkpoint)) from None
+        self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
+                 "--no-overlay", "--", ".", *excluded(self.left_out))
         prune(self)
-        return Restored(checkpoint, undo, path)
+        return Restored(checkpoint, undo)
 
-    def not_there(self, path: str, checkpoint: Checkpoint) -> str:
-        return (f"{visible(path)!r} is not in checkpoint {checkpoint.short}, and not "
-                f"checkpointed now (missing, ignored or left out)")
-
-    def git(self, *args: str, input: str | None = None) -> str:
+    def git(self, *args: str, input: str = "") -> str:
         """One git command on the store and the project: its output."""
         options = [part for setting in GIT_SETTINGS for part in ("-c", setting)]
         return self.run([f"--git-dir={self.store}", f"--work-tree={self.project}",
                          *options, *args], input)
 
-    def run(self, args: list, input: str | None = None) -> str:
+    def run(self, args: list, input: str = "") -> str:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
-        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
-        try:
-            done = subprocess.run([self.git_program, *args], cwd=self.project,
+        try:                            # an OSError (no project folder, say) is the caller's
+            done = subprocess.run([self.git_program, *args], cwd=self.project, input=input,
                                   env=git_environment(), capture_output=True, text=True,
-                                  encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT,
-                                  **stdin)
-        except subprocess.TimeoutExpired:
-            remove_stale_lock(self.store)
-            raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
-        except OSError as exc:
-            raise CheckpointError(f"git could not run ({exc})") from None
-        except BaseException:                   # Ctrl-C: run() has killed git already
-            remove_stale_lock(self.store)
+                                  encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
+        except BaseException as exc:    # a timeout or Ctrl-C: git is killed, and its lock
+            (self.store / "index.lock").unlink(missing_ok=True)    # would fail every call
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
             raise
         if done.returncode != 0:
-            complaint = first_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
-            raise CheckpointError(f"git {git_command_name(args)}: {complaint}")
+            raise CheckpointError("git: " + (first_line(done.stderr or done.stdout)
+                                             or f"exit code {done.returncode}"))
         return done.stdout
 
     def new_turn(self) -> None:
@@ -255,12 +278,16 @@ class CheckpointManager:
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
-                warn_once(self, f"warning: no checkpoint was taken ({first_line(exc)}); "
-                                f"the tool runs anyway")
+                if not self.warned:     # once: the next turns would fail the same way
+                    err_console.print(Text(f"warning: no checkpoint was taken ({first_line(exc)})"
+                                           f"; the tool runs anyway", style="yellow"))
+                self.warned = True
                 return
-        if commit is not None:
-            show_checkpoint_note(f"[checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
-                                 f"{left_out_note(self.left_out)}]")
+        if commit is not None:          # shown between the tool call and its result
+            left_out = f"; left out: {len(self.left_out)} (nested repositories, files over " \
+                       f"checkpoints.max_file_size_mb)" if self.left_out else ""
+            console.print(Text(f"  [checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
+                               f"{left_out}]", style="dim"))
 
     def contains(self, path: Path) -> bool:
         real = Path(os.path.realpath(path))
@@ -458,26 +485,11 @@ def store_roots(folder, stores: list | None = None) -> list[str]:
             for name in ("HEAD", "config", "packed-refs", "refs")]
 
 
+#: hardened
 def checkpoint_before_command(command: str) -> None:
     """A terminal command that may change files (it runs, so the gate let it pass)."""
     if CHECKPOINTS is not None and command_may_change_files(command):
         checkpoint_before_change(f"before terminal: {command}")
-
-
-#: teaching
-def command_may_change_files(command: str) -> bool:
-    """A dangerous command (it was approved), a command that writes a path (a redirect,
-    rm, mv, cp, tee, ...: write_targets()) or a git command that rewrites files. When in
-    doubt (a failing check): yes."""
-    try:
-        if detect_dangerous_command(command):
-            return True
-        if any(not target.startswith("/dev/") for target in write_targets(command)):
-            return True                         # 2>/dev/null changes no file
-        parts = SHELL_SEPARATORS.split(normalize_command(command).casefold())
-        return any(git_rewrites_files(part.split()) for part in parts)
-    except Exception:
-        return True
 
 
 #: hardened
@@ -498,6 +510,7 @@ def command_may_change_files(command: str) -> bool:
 
 #: section Checkpoint details
 
+#: hardened
 GIT_TIMEOUT = 60                        # seconds one git command may take
 MAX_REASON_CHARS = 100                  # of a checkpoint's reason, the store keeps this much
 # Never stored (written to the store's info/exclude; the project's .gitignore counts
@@ -529,10 +542,12 @@ GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.i
 LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:subject)"
                "%00%(contents:body)%1e")
 RECORD_END = "\x1e\n"
+#: hardened
 CHECKPOINT_ID = re.compile(r"[0-9a-f]{4,64}")   # a whole or shortened commit id
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
+#: hardened
 GIT_OPTION_WITH_VALUE = {"-c", "-C", "--git-dir", "--work-tree", "--namespace"}
 GIT_REWRITES = {"reset", "checkout", "switch", "restore", "clean", "stash", "rm", "mv",
                 "apply", "am", "merge", "rebase", "pull", "revert", "cherry-pick"}
@@ -542,6 +557,30 @@ LEFT_OUT_LINE = re.compile(r'^left out ("(?:[^"\\]|\\.)*")$', re.MULTILINE)  # j
 EMPTY_LINE = re.compile(r'^empty ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
 MAX_NAMED_CHANGES = 100                 # more changed files than this: `git add -A .`
 
+#: teaching
+GIT_TIMEOUT = 60                        # seconds one git command may take
+MAX_REASON_CHARS = 100                  # of a checkpoint's reason, the store keeps this much
+# Never stored (written to the store's info/exclude; the project's .gitignore counts
+# too; git itself never adds a .git): what a project can rebuild, secrets and logs.
+DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".cache/",
+                    "build/", "dist/", "target/", ".env", ".env.*", "*.log")
+# Every file as its bytes, whatever the project's .gitattributes asks for (no line-ending
+# conversion, filter or re-encoding): a restore gives back exactly what was there.
+EXACT_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
+# Given to every git call (-c): an identity (commit-tree needs one), and none of the user's
+# setup: no signing, no hooks, no global excludes, no automatic gc, names not quoted.
+GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.invalid",
+                "commit.gpgsign=false", f"core.hooksPath={os.devnull}",
+                f"core.excludesFile={os.devnull}", "core.autocrlf=false",
+                "core.fsmonitor=false", "core.quotePath=false", "gc.auto=0")
+# for-each-ref: one record per checkpoint, fields split by NUL, records ended by \x1e
+LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:subject)"
+               "%00%(contents:body)%1e")
+RECORD_END = "\x1e\n"
+# A folder with one of these is a project (Hermes's list): only a project is checkpointed.
+PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
+                   "Makefile", "pom.xml", "Gemfile", ".hg")
+
 
 def project_key(project: Path) -> str:
     """The store's folder name: the first 16 hex characters of the sha256 of the
@@ -549,6 +588,16 @@ def project_key(project: Path) -> str:
     return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+#: teaching
+def project_root(folder: Path) -> Path:
+    """The nearest folder, from `folder` up, with one of PROJECT_MARKERS (else `folder`)."""
+    for candidate in (folder, *folder.parents):
+        if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
+            return candidate
+    return folder
+
+
+#: hardened
 def project_root(folder: Path) -> Path:
     """The project of the working folder: the nearest folder, from `folder` up, that
     holds one of PROJECT_MARKERS; `folder` itself if none does (never_checkpointed()
@@ -559,6 +608,23 @@ def project_root(folder: Path) -> Path:
     return folder
 
 
+#: teaching
+def never_checkpointed(project: Path, home: Path) -> str | None:
+    """Why this folder gets no checkpoints, or None: / and home are a whole machine or life,
+    the state folder (and a project around it) holds the stores, /tmp may be anything."""
+    if project.parent == project:
+        return f"{project} is the root folder: it is never checkpointed"
+    if project == Path(os.path.realpath(os.path.expanduser("~"))):
+        return f"{project} is the home folder: it is never checkpointed"
+    if project == home or home in project.parents or project in home.parents:
+        return f"{project} overlaps the agent's state folder {home}: it is never checkpointed"
+    if not any(os.path.lexists(project / marker) for marker in PROJECT_MARKERS):
+        return (f"{project} is not in a project: neither it nor a folder above holds "
+                f"{', '.join(PROJECT_MARKERS[:3])} or another project marker")
+    return None
+
+
+#: hardened
 def never_checkpointed(project: Path, home: Path) -> str | None:
     """Why this folder gets no checkpoints, or None. / and the home folder are the
     whole machine or a whole life; the agent's state folder holds the store itself;
@@ -586,6 +652,7 @@ def git_environment() -> dict:
     return env
 
 
+#: hardened
 def git_command_name(args: list) -> str:
     """The git command in a call's arguments: "add" in [--git-dir=…, -c, x=y, add, -A]."""
     words = iter(args)
@@ -597,6 +664,7 @@ def git_command_name(args: list) -> str:
     return "git"
 
 
+#: hardened
 def git_rewrites_files(words: list) -> bool:
     """`git reset --hard`, `git -C x checkout .`, ...: a git command that changes the
     work tree. `words` is one command, split into words, in lower case."""
@@ -605,6 +673,7 @@ def git_rewrites_files(words: list) -> bool:
     return git_command_name(words[1:]) in GIT_REWRITES
 
 
+#: hardened
 def numstat_totals(numstat: str) -> tuple[int, int, int]:
     """(files, lines added, lines removed) from `git diff --numstat -z`. A binary file
     counts as a file; its lines are "-"."""
@@ -625,10 +694,8 @@ def one_line(text: str) -> str:
 
 #: teaching
 def listed_checkpoint(index: int, record: str) -> Checkpoint:
-    ref, commit, when, reason, body = record.lstrip("\n").split("\0")
-    stats = re.search(r"files (\d+) \+(\d+) -(\d+)", body)
-    files, added, removed = map(int, stats.groups()) if stats else (0, 0, 0)
-    return Checkpoint(index, commit, ref, float(when), reason, files, added, removed)
+    ref, commit, when, reason, _ = record.lstrip("\n").split("\0")
+    return Checkpoint(index, commit, ref, float(when), reason)
 
 
 #: hardened
@@ -642,6 +709,7 @@ def listed_checkpoint(index: int, record: str) -> Checkpoint:
                       empty)
 
 
+#: hardened
 def checked_id(text: str) -> str:
     """A checkpoint id as typed: 4 to 64 hex characters, never an option (-x, --help)."""
     if text.startswith("-") or not CHECKPOINT_ID.fullmatch(text):
@@ -650,15 +718,34 @@ def checked_id(text: str) -> str:
     return text
 
 
+#: hardened
 def left_out_note(left_out: list) -> str:
     return (f"; left out: {len(left_out)} (nested repositories, files over "
             f"checkpoints.max_file_size_mb)" if left_out else "")
 
 
+#: hardened
 def show_checkpoint_note(line: str) -> None:
     console.print(Text(f"  {line}", style="dim"))     # between the tool call and its result
 
 
+#: teaching
+def open_checkpoint_store(manager: CheckpointManager) -> None:
+    """Create the store on first use; its excludes and attributes each time (they change)."""
+    problem = never_checkpointed(manager.project, manager.home)
+    if problem:
+        raise CheckpointError(problem)
+    store = manager.store
+    if not (store / "HEAD").is_file():
+        store.mkdir(parents=True, exist_ok=True, mode=0o700)   # it holds copies of files
+        manager.run(["init", "--bare", "--quiet", str(store)])
+        (store / "project").write_text(f"{manager.project}\n", encoding="utf-8")
+    (store / "info").mkdir(exist_ok=True)
+    (store / "info" / "exclude").write_text("\n".join(DEFAULT_EXCLUDES) + "\n", encoding="utf-8")
+    (store / "info" / "attributes").write_text(EXACT_ATTRIBUTES, encoding="utf-8")
+
+
+#: hardened
 def open_checkpoint_store(manager: CheckpointManager) -> None:
     """Create the store on first use, and write its excludes and attributes (each
     time: a newer stage may have changed them). The project's path is kept in it."""
@@ -679,6 +766,7 @@ def open_checkpoint_store(manager: CheckpointManager) -> None:
     (store / "info" / "attributes").write_text(EXACT_ATTRIBUTES, encoding="utf-8")
 
 
+#: hardened
 def state_folder_exclude(manager: CheckpointManager) -> list[str]:
     """A project that holds the agent's state folder (and so the store): never that."""
     if manager.project not in manager.home.parents:
@@ -700,7 +788,10 @@ def stage_tree(manager: CheckpointManager) -> None:
         raise CheckpointError(f"{manager.project} has {len(listed):,} files, more than "
                               f"checkpoints.max_files ({manager.max_files:,})")
     repositories = sorted(path for path in listed if path.endswith("/"))
-    large = sorted(path for path in listed if not path.endswith("/") and too_large(manager, path))
+    # Each file's size (a link's own: lstat); a file deleted since git listed it has none.
+    sizes = {path: os.lstat(manager.project / path).st_size for path in listed
+             if not path.endswith("/") and os.path.lexists(manager.project / path)}
+    large = sorted(path for path, size in sizes.items() if size > manager.max_file_bytes)
     manager.left_out = repositories + large
     if manager.left_out:    # an earlier checkpoint may hold them: out of the index too
         manager.git("rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch",
@@ -823,6 +914,7 @@ def is_repository(folder: str) -> bool:
     return bool(target) and os.path.isfile(os.path.join(folder, target, "HEAD"))
 
 
+#: hardened
 def too_large(manager: CheckpointManager, path: str) -> bool:
     try:
         return os.lstat(os.path.join(manager.project, path)).st_size > manager.max_file_bytes
@@ -845,6 +937,22 @@ def prune(manager: CheckpointManager) -> None:
         manager.git("prune", "--expire=now")
 
 
+#: teaching
+def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
+    """Checkpoint n, by its number in the list (1 = the newest). Nothing else names a
+    checkpoint: not an option (--help), not a commit of any other repository."""
+    checkpoints = manager.list()
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise CheckpointError(f"{visible(str(n))!r} is not a checkpoint: give its number "
+                              f"(/rollback lists them)")
+    if not 1 <= n <= len(checkpoints):
+        there = "there is" if len(checkpoints) == 1 else "there are"
+        raise CheckpointError(f"no checkpoint {n}: {there} {len(checkpoints)} "
+                              f"(/rollback lists them)")
+    return checkpoints[n - 1]
+
+
+#: hardened
 def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
     """Checkpoint n: its number in the list (1 = the newest) or its id (or the start
     of it). Only the project's own checkpoints can be named, never any other commit."""
@@ -863,6 +971,7 @@ def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
     return found[0]
 
 
+#: hardened
 def checked_path(manager: CheckpointManager, path: str) -> str:
     """A path to restore alone, as a pathspec: relative, inside the project (also after
     symbolic links are followed), and not the project itself."""
@@ -958,12 +1067,14 @@ def checkpoint_store_problem(real: Path) -> str | None:
     return None
 
 
+#: hardened
 def remove_stale_lock(store: Path) -> None:
     """A git that was killed (Ctrl-C, a timeout) may leave index.lock behind, and every
     later git call would fail on it."""
     (store / "index.lock").unlink(missing_ok=True)
 
 
+#: hardened
 def warn_once(manager: CheckpointManager, line: str) -> None:
     """Each kind of warning once per run: "12,031 files" and "12,032 files" are one."""
     kind = re.sub(r"\d[\d,]*", "#", line)
@@ -985,6 +1096,23 @@ def use_checkpoints(manager: CheckpointManager | None) -> CheckpointManager | No
     return previous
 
 
+#: teaching
+def checkpoints_from_config(config: Config) -> CheckpointManager | None:
+    """The working folder's project_root() with the chain's limits, or None: off, no git."""
+    folder = current_directory()
+    if not config["checkpoints.enabled"] or folder is None:
+        return None
+    if shutil.which("git") is None:
+        err_console.print(Text("warning: checkpoints are off: git is not installed (or not "
+                               "on PATH), and /rollback has nothing to restore", style="yellow"))
+        return None
+    return CheckpointManager(project_root(folder), hermes_home(),
+                             config["checkpoints.max_snapshots"],
+                             config["checkpoints.max_files"],
+                             config["checkpoints.max_file_size_mb"])
+
+
+#: hardened
 def checkpoints_from_config(config: Config) -> CheckpointManager | None:
     """The project's manager with the chain's limits, or None when checkpoints
     are off: by a setting, or (with one warning) because git is not installed.
@@ -1011,6 +1139,31 @@ def off_flag(setting: Setting) -> str:
     return "--no-" + setting.flag.removeprefix("--")
 
 
+#: teaching
+def rollback_command(session: Session, argument: str) -> None:
+    """/rollback: list; /rollback diff N; /rollback N. Nothing is asked: a rollback takes
+    a checkpoint first, so it can be undone (also in a pipe)."""
+    manager = CHECKPOINTS
+    if manager is None:
+        console.print(Text(CHECKPOINTS_OFF, style="yellow"))
+        return
+    first, _, rest = argument.partition(" ")
+    try:
+        if not first:
+            show_checkpoints(manager)
+        elif first == "diff":       # from checkpoint N to now; visible(): no escape runs
+            lines = manager.diff(checkpoint_number(rest.strip() or "1")).splitlines()
+            for line in lines[:MAX_DIFF_LINES]:
+                console.print(Text(visible(line.expandtabs())))
+            if len(lines) > MAX_DIFF_LINES:
+                console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
+        else:
+            show_restored(manager.restore(checkpoint_number(argument)))
+    except (CheckpointError, OSError) as exc:       # OSError: the store's folder, say
+        console.print(Text(f"error: {exc}", style="red"))
+
+
+#: hardened
 def rollback_command(session: Session, argument: str) -> None:
     """/rollback: list; /rollback diff N; /rollback N; /rollback N <path>. Nothing is
     asked: a rollback takes a checkpoint first, so it can be undone (also in a pipe)."""
@@ -1038,11 +1191,31 @@ COMMANDS["/rollback"] = told_to_the_outcome_check(     # a rollback changes the 
     rollback_command, lambda: store_roots(f"{hermes_home()}/{CHECKPOINTS_DIR_NAME}"))
 
 
+#: teaching
+def checkpoint_number(text: str) -> int | str:
+    """1 to 999 are numbers in the list; any other text is no checkpoint (find_checkpoint())."""
+    return int(text) if text.isdecimal() and len(text) <= 3 else text
+
+
+#: hardened
 def checkpoint_number(text: str) -> int | str:
     """1 to 999 are numbers in the list; anything else must be an id (checked_id())."""
     return int(text) if text.isdecimal() and len(text) <= 3 else text
 
 
+#: teaching
+def show_checkpoints(manager: CheckpointManager) -> None:
+    checkpoints = manager.list()
+    if not checkpoints:
+        problem = never_checkpointed(manager.project, manager.home)
+        console.print(Text(f"no checkpoints: {problem}" if problem else f"no checkpoints of "
+                           f"{manager.project} yet: the first change of a turn takes one"))
+    for c in checkpoints:                   # newest first
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.reason}"))
+
+
+#: hardened
 def show_checkpoints(manager: CheckpointManager) -> None:
     checkpoints = manager.list()
     problem = never_checkpointed(manager.project, manager.home)
@@ -1061,20 +1234,6 @@ def show_checkpoints(manager: CheckpointManager) -> None:
                            f"+{c.added} -{c.removed}  {c.reason}"))
     console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
                        "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
-
-
-#: teaching
-def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
-    checkpoint = find_checkpoint(manager, n)
-    lines = manager.diff(n).splitlines()
-    console.print(Text(f"changes from checkpoint {checkpoint.index} ({checkpoint.short}, "
-                       f"{checkpoint.reason}) to now:", style="bold"))
-    if not lines:
-        console.print(Text("  none: the project is as it was then", style="dim"))
-    for line in lines[:MAX_DIFF_LINES]:
-        console.print(Text(visible(line.expandtabs()), ))
-    if len(lines) > MAX_DIFF_LINES:
-        console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
 
 
 #: hardened
@@ -1098,6 +1257,16 @@ def diff_style(line: str) -> str:
     return {"+": "green", "-": "red", "@": "cyan"}.get(line[:1], "")
 
 
+#: teaching
+def show_restored(restored: Restored) -> None:
+    c = restored.checkpoint
+    console.print(Text(f"restored the project to checkpoint {c.short} ({c.reason})",
+                       style="green"))
+    console.print(Text(f"the state before this rollback is checkpoint 1 now "
+                       f"({restored.undo[:SHORT_ID_CHARS]}): /rollback 1 undoes it", style="dim"))
+
+
+#: hardened
 def show_restored(restored: Restored) -> None:
     c = restored.checkpoint
     what = repr(visible(restored.path)) if restored.path else "the project"
@@ -1109,6 +1278,7 @@ def show_restored(restored: Restored) -> None:
                            f"not restored", style="yellow"))
 
 
+#: hardened
 def describe_checkpoints() -> str:
     """The offline model's `checkpoints` verb: what it knows, and who rolls back."""
     if CHECKPOINTS is None:
@@ -1129,6 +1299,23 @@ DEMO_FILES = {"pyproject.toml": "[project]\nname = \"demo\"\n",     # a project 
               "app.py": "print('hello')\n", ".env": "TOKEN=left out of every checkpoint\n"}
 
 
+#: teaching
+def demo_checkpoints(session: Session) -> None:
+    for name, text in DEMO_FILES.items():
+        Path(name).write_text(text, encoding="utf-8")
+    saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
+    try:                    # a write, a destructive command (no approval needed), /rollback
+        for line in DEMO_INPUTS:
+            if line.startswith("/"):
+                console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                handle_command(session, line)
+            else:
+                demo_turn(session, line)
+    finally:
+        use_checkpoints(saved)
+
+
+#: hardened
 def demo_checkpoints(session: Session) -> None:
     for name, text in DEMO_FILES.items():
         Path(name).write_text(text, encoding="utf-8")
@@ -1153,6 +1340,7 @@ def demo_checkpoints(session: Session) -> None:
         use_checkpoints(saved)
 
 
+#: hardened
 DEMO_ROLLBACKS = [
     ("3. /rollback lists the checkpoints, newest first:", "/rollback"),
     ("4. What changed since checkpoint 1:", "/rollback diff 1"),
@@ -1163,6 +1351,7 @@ DEMO_ROLLBACKS = [
 ]
 
 
+#: hardened
 def show_demo_folder() -> None:
     notes = Path("notes.txt").read_text(encoding="utf-8").count("\n")
     there = [name for name in ("app.py", "app.old", "scratch.txt") if Path(name).exists()]
@@ -1247,11 +1436,11 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
 #: teaching
 def terminal_tool(command: str, timeout: int | None = None) -> str:
     """The terminal tool from this stage on: the gate, then s01's run_terminal(). s12:
-    a command that may change files gets the turn's checkpoint first."""
+    any command that runs may change files, so the turn's checkpoint comes first."""
     refusal = command_gate(command)
     if refusal is not None:
         return refusal
-    checkpoint_before_command(command)
+    checkpoint_before_change(f"before terminal: {command}")
     return run_terminal(command, timeout)
 
 
@@ -1357,6 +1546,48 @@ def flag_entries(args) -> list[Entry]:
             entries.append(Entry(s.key, raw, flag, flag))
     return entries
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /memory        the memory files as they are on disk, and how full they are
+  /skills        the skills a new session's index lists, and any that are not usable
+  /permissions   the approval mode, YOLO, timeout, write root and what is approved
+  /yolo          YOLO on or off for this session only (never for hardline commands)
+  /delegation    how sub-agents run: budget, limits, approvals, heartbeat
+  /config        every setting, its value and where it came from (--show-config)
+  /rollback      the checkpoints of this project, newest first; /rollback diff N: what
+                 changed since N; /rollback N: back to N (/rollback 1 then undoes it)
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool (a dangerous one
+                         only after your approval; a hardline one never)
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails this request (default once) before it
+                         answers; kinds: rate_limit, billing, auth, model_not_found,
+                         context_overflow, bad_request, server, connection
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
+  remember <fact>        save a note with the memory tool (MEMORY.md)
+  remember about me: <fact>   save it to the user profile (USER.md)
+  skills                 list the skills with skills_list
+  skill <name>           load a skill with skill_view
+  delegate <goal>        give the goal to a sub-agent with delegate_task (try
+                         delegate $ ls); delegate <goal> | <goal> runs up to 3 at once
+  config                 the model says which settings this run has and who set them"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -1422,6 +1653,14 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+#: teaching
+DEMO_INPUTS = ["write todo.txt buy milk",
+               "$ truncate -s 0 notes.txt && mv app.py app.old && echo oops > scratch.txt",
+               "/rollback", "/rollback diff 1", "/rollback 1", "read notes.txt", "/rollback 1",
+               "read notes.txt"]
+
+
+#: hardened
 DEMO_INPUTS = ["write todo.txt buy milk",
                "$ truncate -s 0 notes.txt && mv app.py app.old && echo oops > scratch.txt",
                "checkpoints"]
@@ -1497,6 +1736,7 @@ def main(argv=None) -> int:
         close_session(session)
         restore_home(saved_home)
 
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
@@ -1519,6 +1759,7 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "other providers) and start me again.")
 
 
+#: hardened
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     last = messages[-1] if messages else {}

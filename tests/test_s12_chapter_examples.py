@@ -3,29 +3,28 @@
 docs/en/s12-checkpoints.md has
 
 - in "How it works", the table of GIT_SETTINGS (every setting given to git is named, and
-  nothing else), the table of commands and whether each gets a checkpoint first
-  (command_may_change_files()), the table of the checkpoints.* settings (key, default,
-  description from SETTINGS), the user's own .git staying byte-identical, a file the
-  checkpoint does not have being removed by a one-path restore, and --show-config naming
+  nothing else), the table of the checkpoints.* settings (key, default, description from
+  SETTINGS), the user's own .git staying byte-identical, and --show-config naming
   --no-checkpoints;
-- in "Under attack", the table of bad /rollback input and what the agent prints (each is
-  typed into a REPL, and neither the project nor the checkpoints change), `git checkout .`
+- in "Under attack", the table of bad /rollback input and what each edition prints (each
+  is typed into a REPL, and neither the project nor the checkpoints change), `git checkout .`
   undone by /rollback 1, the user's git setup (GIT_DIR, GIT_INDEX_FILE, a global config
   with signing, hooks and excludes, a .gitattributes with eol=crlf) reaching no checkpoint,
   names that look like options or pathspec magic, the store refused to write_file and to
   patch, a terminal command on the store in each edition (the teaching edition asks about
   `rm -rf` and runs a one-file `rm`, with a stub rm first on PATH; the hardened edition's
-  self-protection refuses both), what the hardened edition adds to
-  command_may_change_files() (its table, each column against its edition), a file ignored
-  then and not now kept by a rollback, and the limits in "What the guards cannot see"
-  (commands that change files unseen: the test fails once a stage closes the gap, and says
-  to update the chapter);
+  self-protection refuses both), which commands get a checkpoint (the teaching edition:
+  every one that runs; the hardened edition: what command_may_change_files() says; its
+  table, each column against its edition), a file the checkpoint does not have being
+  removed by the hardened edition's one-path restore, a file ignored then and not now kept
+  by a rollback, and the limits in "What the guards cannot see" (commands that change files
+  unseen: the test fails once a stage closes the gap, and says to update the chapter);
 - in "Compared with Hermes", that `git checkout <id> -- .` leaves files created since,
   and the restore of this stage does not;
 - in "Try it", the piped REPL in a git repository;
 - in "Exercises", exercise 1's /rollback list, exercise 2's patch (it applies to the stage
-  file, and the patched stage counts builds and archives), and exercise 3's table of
-  changes that a rollback does not undo.
+  file, and the patched stage takes no checkpoint before `ls`, and none before
+  `git checkout .` either), and exercise 3's table of changes that a rollback does not undo.
 
 The tables are read from the chapter, so the chapter cannot show what the code does not do.
 """
@@ -148,15 +147,14 @@ def test_the_git_settings_table_names_every_setting_given_to_git():
     assert f"core.excludesFile={os.devnull}" in s12.GIT_SETTINGS
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_the_commands_table_says_which_commands_get_a_checkpoint(stage):
-    s12 = fresh_stage(stage)
-    rows = table("command")
-    assert len(rows) >= 8, "a table 'command | a checkpoint first? | why'"
-    for row in rows:
-        command, answer = CODE.findall(row[0])[0], row[1]
-        assert answer in ("yes", "no"), row
-        assert s12.command_may_change_files(command) == (answer == "yes"), command
+TEACHING_STAGES = [stage for stage in STAGES if edition_of(stage) == "teaching"]
+
+
+def commands_table() -> list[list[str]]:
+    rows = table("The command")
+    assert len(rows) >= 8, ("a table 'The command | teaching edition | hardened edition | "
+                            "why the hardened edition decides so'")
+    return rows
 
 
 def test_the_settings_table_is_the_checkpoints_rows_of_SETTINGS():
@@ -201,6 +199,7 @@ def test_the_users_git_is_byte_identical_and_its_status_the_same(stage, tmp_path
     assert "never read or written" in chapter()
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_one_path_restore_removes_a_file_the_checkpoint_does_not_have(stage, tmp_path):
     project = a_project(tmp_path)
@@ -212,13 +211,14 @@ def test_a_one_path_restore_removes_a_file_the_checkpoint_does_not_have(stage, t
 
 # ── Under attack ───────────────────────────────────────────────────────────
 
-def bad_inputs() -> list[tuple[str, list[str]]]:
-    return [(CODE.findall(given)[0], CODE.findall(printed))
-            for given, printed in table("The input")]
+def bad_inputs(edition: str) -> list[tuple[str, list[str]]]:
+    column = 1 if edition == "teaching" else 2
+    return [(CODE.findall(row[0])[0], CODE.findall(row[column])) for row in table("The input")]
 
 
 def test_the_chapter_has_the_table_of_bad_input():
-    assert len(bad_inputs()) >= 8, "a table 'The input | What the agent prints'"
+    assert len(bad_inputs("teaching")) >= 8, \
+        "a table 'The input | teaching edition | hardened edition'"
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -234,7 +234,7 @@ def test_bad_rollback_input_prints_the_line_the_chapter_shows_and_changes_nothin
     shown_commit = re.search(r"/rollback ([0-9a-f]{7})`, the id of the user", chapter()).group(1)
     inputs = [(given.replace(shown_commit, own_commit),
                [text.replace(shown_commit, own_commit) for text in printed])
-              for given, printed in bad_inputs()]
+              for given, printed in bad_inputs(edition_of(stage))]
     run = repl(stage, tmp_path, project, [given for given, _ in inputs])
     for given, printed in inputs:
         said = repl_output(run.stdout, PROMPT, given)
@@ -282,9 +282,18 @@ def test_the_users_git_setup_reaches_no_checkpoint(stage, tmp_path):
 @pytest.mark.parametrize("stage", STAGES)
 def test_names_that_look_like_options_or_patterns_are_only_files(stage, tmp_path):
     project = a_project(tmp_path, {"--force": "f\n", ":(glob)*": "g\n", "other.txt": "o\n"})
+    (project / "big:(glob)*").write_bytes(b"\0" * (10 * 1024 * 1024 + 1))     # left out
     repl(stage, tmp_path, project, ["write new.txt x"])
     for name in ("--force", ":(glob)*", "other.txt"):
         (project / name).write_text("changed\n")
+    if edition_of(stage) == "teaching":                 # the whole project: each name is a file
+        run = repl(stage, tmp_path, project, ["/rollback 1"])
+        assert "restored the project" in run.stdout
+        assert [(project / name).read_text() for name in ("--force", ":(glob)*", "other.txt")] \
+            == ["f\n", "g\n", "o\n"]
+        assert not (project / "new.txt").exists()
+        assert (project / "big:(glob)*").stat().st_size == 10 * 1024 * 1024 + 1
+        return
     run = repl(stage, tmp_path, project, ["/rollback 1 :(glob)*"])
     assert "restored ':(glob)*'" in run.stdout
     assert (project / ":(glob)*").read_text() == "g\n"
@@ -324,22 +333,28 @@ def test_a_terminal_command_on_the_store_in_each_edition(stage, tmp_path):
     assert ref.exists()
 
 
-def hardened_table() -> list[list[str]]:
-    rows = table("Changes files")
-    assert len(rows) >= 3, "a table 'Changes files | teaching edition | hardened edition'"
-    return rows
-
-
 @pytest.mark.parametrize("stage", STAGES)
-def test_the_editions_table_says_which_edition_takes_a_checkpoint(stage):
-    """"What the hardened edition adds": each column against its edition."""
+def test_the_commands_table_says_which_edition_takes_a_checkpoint(stage, tmp_path):
+    """"What the hardened edition adds: which commands get a checkpoint": each column
+    against its edition. The teaching edition does not read the command: every command
+    that runs gets the turn's checkpoint (two of the table's, run here, show it)."""
     s12 = fresh_stage(stage)
     column = 1 if edition_of(stage) == "teaching" else 2
-    for row in hardened_table():
+    for row in commands_table():
         command, answer = CODE.findall(row[0])[0], row[column]
         assert answer in ("no checkpoint", "a checkpoint first"), row
-        assert s12.command_may_change_files(command) == (answer == "a checkpoint first"), \
-            (stage, command)
+        if edition_of(stage) == "hardened":
+            assert s12.command_may_change_files(command) == (answer == "a checkpoint first"), \
+                command
+        else:
+            assert answer == "a checkpoint first", command
+    if edition_of(stage) == "teaching":
+        assert not hasattr(s12, "command_may_change_files")
+        for number, command in enumerate(["ls -la 2>/dev/null", "git status"]):
+            (tmp_path / str(number)).mkdir()
+            project = a_project(tmp_path / str(number))
+            run = repl(stage, tmp_path, project, [f"$ {command}", "/rollback"])
+            assert f"before terminal: {command}" in repl_output(run.stdout, PROMPT, "/rollback")
 
 
 @pytest.mark.hardening
@@ -359,6 +374,7 @@ def test_the_hardened_edition_counts_a_command_too_complex_to_read_as_a_change(s
 UNSEEN = ["python build.py", "make", "npm install", "tar xf a.tar"]
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_commands_that_change_files_unseen_get_no_checkpoint(stage):
     s12 = fresh_stage(stage)
@@ -417,7 +433,7 @@ def test_hermes_checkout_leaves_files_created_since_and_restore_does_not(stage, 
     assert (project / "a.txt").read_text() == "one\n"
     assert (project / "created.txt").exists()
     (project / "a.txt").write_text("two\n")
-    m.restore(first)                                    # this stage's
+    m.restore(2)                                        # this stage's: back to "first"
     assert (project / "a.txt").read_text() == "one\n"
     assert not (project / "created.txt").exists()
     assert "`git checkout <hash> -- .`: files created since stay" in chapter()
@@ -447,7 +463,7 @@ EXERCISE_1 = ["$ ls", "write a.txt one", "write a.txt one", "write a.txt one",
               "$ cat a.txt > b.txt", "$ sed -i s/one/two/ a.txt"]
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", TEACHING_STAGES)
 def test_exercise_1_the_list_the_solution_shows(stage, tmp_path):
     part = part_of("### 1. Predict")
     command = fenced_blocks(part, "bash")[0]
@@ -457,8 +473,7 @@ def test_exercise_1_the_list_the_solution_shows(stage, tmp_path):
     project = a_project(tmp_path)
     (project / "pyproject.toml").write_text("")
     run = repl(stage, tmp_path, project, EXERCISE_1 + ["/rollback"])
-    shown = repl_output(run.stdout, PROMPT, "/rollback").splitlines()[:-1]   # not the hint
-    shown[0] = shown[0].replace(str(project), "…/app")
+    shown = repl_output(run.stdout, PROMPT, "/rollback").splitlines()
     shown = [re.sub(r"  [0-9a-f]{7}  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ", "  …  ", line)
              for line in shown]
     assert fenced_blocks(part, "text")[0].splitlines() == shown
@@ -471,18 +486,25 @@ def test_the_solutions_diffs_apply_to_the_stage_file():
         patched_source(STAGE, block)
 
 
-def test_exercise_2_the_patched_stage_counts_builds_and_archives(tmp_path):
+def test_exercise_2_the_patched_stage_skips_ls_and_misses_git_checkout(tmp_path):
     part = part_of("### 2. Change")
-    patched = patched_stage(STAGE, diff_blocks(part)[0], tmp_path)
+    lines = ["$ ls", "$ echo one > a.txt"]
     check = fenced_blocks(part, "bash")[0]
-    commands = re.search(r"for c in (\[.*?\]):", check).group(1)
-    answers = [patched.command_may_change_files(c) for c in eval(commands)]   # noqa: S307
-    assert answers == [True, True, True, True, False, False]
-    for row in table("command"):                        # the chapter's "no" rows stay no
-        command = CODE.findall(row[0])[0]
-        assert patched.command_may_change_files(command) == (row[1] == "yes"), command
-    assert patched.command_may_change_files("npm test") and patched.command_may_change_files(
-        "tar tf a.tar")                                 # as the solution says
+    assert "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + " /rollback" in check
+    for name in ("s12", "patched"):
+        (tmp_path / name).mkdir()
+    patched = patched_stage(STAGE, diff_blocks(part)[0], tmp_path / "patched")
+    for name, stage, listed in (("s12", fresh_stage(STAGE), "before terminal: ls"),
+                                ("patched", patched, "before terminal: echo one > a.txt")):
+        project = a_project(tmp_path / name)
+        run = run_main(stage, stdin="".join(line + "\n" for line in lines + ["/rollback"]),
+                       env=agent_env(tmp_path / name), cwd=project)
+        shown = repl_output(run.stdout, PROMPT, "/rollback")
+        assert len(shown.splitlines()) == 1 and shown.endswith(f"  {listed}"), (name, shown)
+    # the solution's "break it": git checkout . is neither dangerous nor a write target
+    assert not patched.detect_dangerous_command("git checkout .")
+    assert not patched.write_targets("git checkout .")
+    assert "`$ git checkout .`" in part and "gets no checkpoint now" in part
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -528,7 +550,8 @@ def test_traces_show_checkpoint_ids_in_the_order_they_were_taken():
             "files": {"pyproject.toml": ""}}
     text = traces.trace(spec)
     assert "[checkpoint <id 1>: before write_file a.txt]" in text
-    assert re.search(r"^ +1  <id 2>  <date> <time>  1 file\(s\)", text, re.MULTILINE), text
+    assert re.search(r"^ +1  <id 2>  <date> <time>  before write_file a.txt$", text,
+                     re.MULTILINE), text
     assert not re.search(r"(?<![0-9a-f])[0-9a-f]{7}(?![0-9a-f])", text.split("\n", 1)[1]), text
 
 

@@ -24,8 +24,8 @@ import openai
 import pytest
 
 from fake_openai import FakeOpenAI, call, reply
-from helpers import (clean_env, first_and_newest, load_stage, repl_output, run_main,
-                     run_stage, stages_from)
+from helpers import (clean_env, edition_of, first_and_newest, load_stage, repl_output,
+                     run_main, run_stage, stages_from)
 
 STAGES = stages_from("s12")
 CLIENT = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
@@ -108,6 +108,16 @@ def user_git(repo: Path, *args: str) -> str:
     return done.stdout
 
 
+def hardened(stage) -> bool:
+    return edition_of(stage.__stage__) == "hardened"
+
+
+def number_of(m, commit: str) -> int:
+    """The number /rollback gives the checkpoint with this id (the teaching edition
+    names a checkpoint by its number only)."""
+    return next(c.index for c in m.list() if c.id == commit)
+
+
 def checkpoint_files(stage, m, n=1) -> list[str]:
     """The paths checkpoint n holds."""
     checkpoint = stage.find_checkpoint(m, n)
@@ -152,7 +162,20 @@ def test_one_bare_store_per_project_named_by_its_path_and_recording_it(stage, pr
     assert manager(stage, other, state).store != m.store
 
 
-def test_a_snapshot_records_the_reason_the_time_and_what_changed(stage, project, state):
+def test_a_snapshot_records_the_reason_and_the_time(stage, project, state):
+    m = manager(stage, project, state)
+    first = m.snapshot("before write_file a.txt")
+    (project / "README.md").write_text("# A project\nline two\n")
+    second = m.snapshot("before terminal: rm empty.txt")
+    newest, oldest = m.list()
+    assert (newest.index, newest.id, newest.reason) == (1, second, "before terminal: rm empty.txt")
+    assert (oldest.index, oldest.id, oldest.reason) == (2, first, "before write_file a.txt")
+    assert abs(newest.time - __import__("time").time()) < 120
+    assert newest.short == second[:7] and len(second) == 40
+
+
+@pytest.mark.hardening
+def test_a_snapshot_records_what_changed(stage, project, state):
     m = manager(stage, project, state)
     first = m.snapshot("before write_file a.txt")
     (project / "README.md").write_text("# A project\nline two\nline three\n")
@@ -233,6 +256,7 @@ def test_a_restore_with_nothing_changed_is_undone_by_the_newest(stage, project, 
     assert (project / "README.md").read_text() == "# A project\n"
 
 
+@pytest.mark.hardening
 def test_a_checkpoint_without_a_stats_line_lists_zeros(stage, project, state):
     m = manager(stage, project, state)
     m.snapshot("ours")
@@ -244,7 +268,24 @@ def test_a_checkpoint_without_a_stats_line_lists_zeros(stage, project, state):
         "made by hand", 0, 0, 0)
 
 
-def test_a_restore_by_id_and_to_an_older_checkpoint(stage, project, state):
+def test_a_restore_to_an_older_checkpoint(stage, project, state):
+    m = manager(stage, project, state)
+    first_state = tree_state(project)
+    m.snapshot("first")
+    (project / "README.md").write_text("second\n")
+    second_state = tree_state(project)
+    m.snapshot("second")
+    (project / "README.md").write_text("third\n")
+    (project / "third.txt").write_text("3")
+    m.restore(2)
+    assert tree_state(project) == first_state
+    assert [c.reason for c in m.list()][1:] == ["second", "first"]   # one more before them
+    m.restore(2)
+    assert tree_state(project) == second_state
+
+
+@pytest.mark.hardening
+def test_a_restore_by_id(stage, project, state):
     m = manager(stage, project, state)
     first_state = tree_state(project)
     first = m.snapshot("first")
@@ -258,6 +299,7 @@ def test_a_restore_by_id_and_to_an_older_checkpoint(stage, project, state):
         m.restore("abcdef12")
 
 
+@pytest.mark.hardening
 def test_one_file_or_folder_is_restored_alone(stage, project, state):
     m = manager(stage, project, state)
     before = m.snapshot("before")
@@ -284,12 +326,16 @@ RESTORE_PATHS = ["../..", "..", "/etc/passwd", "src/../../outside.txt", "outside
                  "."]
 REFS = [*[(ref, "is not a checkpoint") for ref in ("--help", "-x", "-1", "HEAD", "HEAD~1", "abc",
                                                    "a" * 65, "12345g", "ABCDEF1", "1234 5678",
-                                                   "--", "-abcd", "")],
+                                                   "--", "-abcd", "", "1 README.md")],
         (True, "is not a checkpoint"), ("0", "no checkpoint 0"), ("21", "no checkpoint 21"),
         ("abcd", "no checkpoint with the id abcd"), ("999", "no checkpoint 999"),
         ("1234", "no checkpoint with the id 1234")]
+# The teaching edition names a checkpoint by its number only: an id is no checkpoint.
+TEACHING_REFS = {"abcd": "'abcd' is not a checkpoint: give its number",
+                 "1234": "'1234' is not a checkpoint: give its number"}
 
 
+@pytest.mark.hardening
 def test_restore_paths_must_stay_inside_the_project(stage, project, state, tmp_path):
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside.txt").write_text("not the project's")
@@ -311,6 +357,8 @@ def test_checkpoint_ids_and_numbers_are_checked(stage, project, state):
     m.snapshot("before")
     (project / "README.md").write_text("changed\n")
     for ref, problem in REFS:
+        if not hardened(stage):
+            problem = TEACHING_REFS.get(ref, problem)
         n = stage.checkpoint_number(ref) if isinstance(ref, str) else ref
         with pytest.raises(stage.CheckpointError, match=problem):
             m.restore(n)
@@ -327,8 +375,11 @@ def test_a_commit_that_is_not_a_checkpoint_cannot_be_restored(stage, project, st
     theirs = user_git(project, "rev-parse", "HEAD").strip()
     m = manager(stage, project, state)
     m.snapshot("before")
-    with pytest.raises(stage.CheckpointError, match="no checkpoint with the id"):
-        m.restore(theirs)
+    problem = "no checkpoint with the id" if hardened(stage) else "is not a checkpoint"
+    for ref in (theirs, theirs[:7]):
+        with pytest.raises(stage.CheckpointError, match=problem):
+            m.restore(stage.checkpoint_number(ref))
+    assert len(m.list()) == 1
 
 
 # ── What is never touched ──────────────────────────────────────────────────
@@ -350,10 +401,11 @@ def test_the_users_own_git_folder_is_byte_identical(stage, project, state):
         start = m.snapshot(f"round {round_}") or m.list()[0].id
         change_everything(project)
         m.snapshot("changed")
-        assert "+# Rewritten" in m.diff(start)
-        m.restore(start)
-        m.restore(1, "README.md")                       # the changed one, once more
-        m.restore(start, "README.md")
+        assert "+# Rewritten" in m.diff(number_of(m, start))
+        m.restore(number_of(m, start))
+        if hardened(stage):
+            m.restore(1, "README.md")                   # the changed one, once more
+            m.restore(start, "README.md")
     assert tree_state(project, {".git"}) == tree_before
     assert folder_bytes(project / ".git") == git_before
     assert user_git(project, "status", "--porcelain") == status
@@ -445,7 +497,7 @@ def test_a_git_that_is_no_repository_hides_nothing(stage, project, state, make_g
     (project / "src" / "app.py").unlink()
     (project / "src" / "planted.py").write_text("evil\n")
     restored = m.restore(2 if m.snapshot("after") else 1)
-    assert restored.kept == ()
+    assert getattr(restored, "kept", ()) == ()          # the teaching edition keeps none
     assert (project / "src" / "app.py").read_text() == "print('hello')\n"
     assert not (project / "src" / "planted.py").exists()
 
@@ -465,7 +517,7 @@ def test_a_folder_replaced_by_a_link_is_restored_and_the_outside_untouched(stage
     assert tree_state(project) == before                # src.old was made since: gone
     assert folder_bytes(outside) == {"theirs.txt": b"not the project's\n"}
     m.snapshot("after the restore")                     # later checkpoints work
-    m.restore(restored.undo)                            # and the undo brings the link back
+    m.restore(number_of(m, restored.undo))              # and the undo brings the link back
     assert os.readlink(project / "src") == str(outside)
     assert (project / "src.old" / "app.py").read_text() == "print('hello')\n"
 
@@ -536,6 +588,8 @@ def test_ignored_and_excluded_files_are_left_out_and_untouched(stage, project, s
     kept = {"secret.txt": "mine", "data/big.csv": "1,2", ".env": "TOKEN=x", "app.log": "log",
             "node_modules/pkg/index.js": "js", "__pycache__/m.pyc": "pyc",
             ".venv/lib/site.py": "venv", "archive.zip": "zip", "build/out.o": "o"}
+    if not hardened(stage):                             # its shorter DEFAULT_EXCLUDES
+        del kept["archive.zip"]
     for name, text in kept.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(text)
@@ -566,7 +620,6 @@ def test_exact_bytes_whatever_the_projects_gitattributes_say(stage, project, sta
     assert tree_state(project) == before
 
 
-@pytest.mark.hardening
 def test_large_files_are_left_out(stage, project, state):
     (project / "vendor").mkdir()
     user_git(project / "vendor", "init", "-q")         # a nested repository beside them
@@ -586,9 +639,10 @@ def test_large_files_are_left_out(stage, project, state):
     assert "big.bin" not in checkpoint_files(stage, m, 1)   # nor in the pre-rollback one
     assert (project / "big.bin").read_bytes() == b"\1" * (1024 * 1024 + 1)
     assert (project / "README.md").read_text() == "# A project\n"
-    with pytest.raises(stage.CheckpointError, match="'big.bin' is left out now .*: it stays"):
-        m.restore(2, "big.bin")                         # alone: the same
-    assert (project / "big.bin").read_bytes() == b"\1" * (1024 * 1024 + 1)
+    if hardened(stage):
+        with pytest.raises(stage.CheckpointError, match="'big.bin' is left out now .*: it stays"):
+            m.restore(2, "big.bin")                     # alone: the same
+        assert (project / "big.bin").read_bytes() == b"\1" * (1024 * 1024 + 1)
 
 
 @pytest.mark.hardening
@@ -719,6 +773,7 @@ def test_the_project_is_the_nearest_folder_with_a_marker(stage, tmp_path, state)
     assert not stage.CheckpointManager(plain, state).store.exists()
 
 
+@pytest.mark.hardening
 def test_a_state_folder_inside_the_project_is_left_out(stage, project):
     state = project / "state dir [1]"
     m = stage.CheckpointManager(project, state)
@@ -726,6 +781,18 @@ def test_a_state_folder_inside_the_project_is_left_out(stage, project):
     m.snapshot("again")                                 # the store changed: no new checkpoint
     assert len(m.list()) == 1
     assert not [p for p in checkpoint_files(stage, m) if p.startswith("state dir")]
+
+
+@pytest.mark.parametrize("stage_name", [s for s in STAGES if edition_of(s) == "teaching"])
+def test_the_teaching_edition_never_checkpoints_a_project_that_holds_the_state_folder(
+        stage_name, project):
+    """The hardened edition leaves the state folder out (state_folder_exclude()); the
+    teaching edition takes no checkpoint of such a project at all, and says why."""
+    stage = load_stage(stage_name)
+    m = stage.CheckpointManager(project, project / "state")
+    with pytest.raises(stage.CheckpointError, match="overlaps the agent's state folder"):
+        m.snapshot("before")
+    assert m.list() == [] and not (project / "state").exists()
 
 
 def test_the_users_git_config_and_git_variables_change_nothing(stage, project, state, tmp_path,
@@ -871,11 +938,16 @@ def test_one_checkpoint_per_user_turn_before_its_first_change(stage, project, st
     with FakeOpenAI(script) as server:
         session = agent(stage, server)
         turn(stage, session)
-        assert m.list() == []
+        # The hardened edition reads the command: it changes nothing, so no checkpoint.
+        # The teaching edition takes one before any command that runs.
+        first = [] if hardened(stage) else [
+            "before terminal: ls 2>/dev/null; git status; cat README.md"]
+        assert [c.reason for c in m.list()] == first
         turn(stage, session)
         turn(stage, session)
-    assert [c.reason for c in m.list()] == ["before terminal: 'm'v a.txt b.txt",
-                                            "before write_file a.txt"]
+    # turn 2 (teaching): nothing changed since the checkpoint of turn 1, so none is taken
+    second = ["before write_file a.txt"] if hardened(stage) else first
+    assert [c.reason for c in m.list()] == ["before terminal: 'm'v a.txt b.txt", *second]
     assert "a.txt" not in checkpoint_files(stage, m, 2)     # taken before the write
     assert (project / "a.txt").exists() is False
     m.restore(1)
@@ -910,6 +982,27 @@ def test_parallel_sub_agents_share_the_turns_one_checkpoint(stage, project, stat
     assert not {"a.txt", "b.txt"} & set(checkpoint_files(stage, m))
 
 
+@pytest.mark.parametrize("stage_name", [s for s in STAGES if edition_of(s) == "teaching"])
+@pytest.mark.parametrize("command", ["ls", "git status", "python3 build.py", "touch new.txt"])
+def test_the_teaching_edition_checkpoints_before_any_command_that_runs(stage_name, project,
+                                                                        state, command):
+    """It does not read the command (command_may_change_files() is the hardened edition's):
+    each command the gate lets run may change files, so the turn's checkpoint comes first."""
+    stage = load_stage(stage_name)
+    m = manager(stage, project, state)
+    stage.use_checkpoints(m)
+    try:
+        m.new_turn()
+        json.loads(stage.terminal_tool(command))
+        assert [c.reason for c in m.list()] == [f"before terminal: {command}"]
+        (project / "README.md").write_text("changed\n")
+        json.loads(stage.terminal_tool(command))        # the same turn: no second one
+        assert len(m.list()) == 1
+    finally:
+        stage.use_checkpoints(None)
+
+
+@pytest.mark.hardening
 @pytest.mark.parametrize("command", [
     "rm -f x", "rm -rf build", "mv a b", "cp a b", "sed -i s/a/b/ f", "sed --in-place s/a/b/ f",
     "truncate -s 0 f", "echo hi > f", "echo hi >> f", "cat a | tee b", "git reset --hard",
@@ -924,6 +1017,7 @@ def test_commands_that_may_change_files(stage, command):
     assert stage.command_may_change_files(command)
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("command", [
     "ls", "ls -la 2>/dev/null", "cat README.md", "echo hi", "git status", "git log --oneline",
     "git diff", "grep -r x .", "sed -n 1p f", "pwd && whoami", "python --version",
@@ -1048,7 +1142,7 @@ def test_rollback_works_from_a_piped_repl_with_the_offline_model(stage, project,
     # a.txt: none, "one" (checkpoint before: none), "two\n" (before: "one"); /rollback 1:
     # "one"; /rollback 1 again: "two\n"; the oldest checkpoint, now 4, has no a.txt.
     lines = ["write a.txt one", "$ echo two > a.txt", "/rollback", "/rollback diff 1",
-             "/rollback 1", "/rollback 1", "/rollback 4 a.txt", "checkpoints"]
+             "/rollback 1", "/rollback 1", "/rollback 4"]
     result = run_main(stage, stdin="\n".join(lines) + "\n", env=agent_env(state), cwd=project)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -1060,10 +1154,34 @@ def test_rollback_works_from_a_piped_repl_with_the_offline_model(stage, project,
     first, second = out.split("s12> /rollback 1\n")[1:3]
     assert "restored the project to checkpoint " in first and "/rollback 1 undoes it" in first
     assert "(before rollback to " in second
+    assert "restored the project to checkpoint " in repl_output(out, "s12> ", "/rollback 4")
+    assert not (project / "a.txt").exists()
+    assert "Traceback" not in out + result.stderr
+
+
+@pytest.mark.hardening
+def test_one_path_and_the_checkpoints_verb_in_a_piped_repl(stage, project, state):
+    lines = ["write a.txt one", "$ echo two > a.txt", "/rollback 1", "/rollback 1",
+             "/rollback 4 a.txt", "checkpoints"]
+    result = run_main(stage, stdin="\n".join(lines) + "\n", env=agent_env(state), cwd=project)
+    out = result.stdout
     assert "restored 'a.txt' to checkpoint " in repl_output(out, "s12> ", "/rollback 4 a.txt")
     assert not (project / "a.txt").exists()
     assert "5 checkpoint(s) of " in repl_output(out, "s12> ", "checkpoints")
-    assert "Traceback" not in out + result.stderr
+
+
+@pytest.mark.parametrize("stage_name", [s for s in STAGES if edition_of(s) == "teaching"])
+def test_the_teaching_edition_refuses_an_id_or_a_path_and_changes_nothing(stage_name,
+                                                                         project, state):
+    stage = load_stage(stage_name)
+    m = manager(stage, project, state)
+    first = m.snapshot("before")
+    (project / "README.md").write_text("changed\n")
+    lines = [f"/rollback {first[:7]}", "/rollback 1 README.md", "/rollback diff 1 README.md"]
+    result = run_main(stage, stdin="\n".join(lines) + "\n", env=agent_env(state), cwd=project)
+    for line in lines:
+        assert "is not a checkpoint: give its number" in repl_output(result.stdout, "s12> ", line)
+    assert (project / "README.md").read_text() == "changed\n" and len(m.list()) == 1
 
 
 def test_rollback_undoes_and_redoes(stage, project, state):
@@ -1081,26 +1199,34 @@ def test_rollback_tells_what_is_wrong(stage, project, state):
     assert result.returncode == 0
     out = result.stdout
     assert "no checkpoints of " in repl_output(out, "s12> ", "/rollback")
+    assert "yet: the first change of a turn takes one" in repl_output(out, "s12> ", "/rollback")
     assert "error: no checkpoint 1: there are 0" in repl_output(out, "s12> ", "/rollback 1")
     assert "error: no checkpoint 9: there is 1" in repl_output(out, "s12> ", "/rollback 9")
     assert "'--help' is not a checkpoint" in repl_output(out, "s12> ", "/rollback --help")
-    assert "is not inside the project" in repl_output(out, "s12> ", "/rollback 1 ../..")
+    assert ("is not inside the project" if hardened(stage) else "'1 ../..' is not a checkpoint"
+            ) in repl_output(out, "s12> ", "/rollback 1 ../..")
     assert "'-x' is not a checkpoint" in repl_output(out, "s12> ", "/rollback diff -x")
     assert (project / "a.txt").read_text() == "one"
 
 
 def test_a_long_diff_is_cut_and_hidden_characters_are_shown(stage, project, state):
+    """The hardened edition names the checkpoint above the diff, and says when there is
+    none; the teaching edition shows git's diff alone."""
     m = manager(stage, project, state)
     m.snapshot("before")
     result = run_main(stage, "-p", "/rollback diff 1", env=agent_env(state), cwd=project)
-    assert result.stdout.splitlines()[1:] == ["  none: the project is as it was then"]
+    header = 1 if hardened(stage) else 0
+    assert result.stdout.splitlines()[1:] == (
+        ["  none: the project is as it was then"] if hardened(stage) else [])
     (project / "long.txt").write_text("".join(f"line {n}\n" for n in range(500)))
     (project / "README.md").write_text("\x1b[2J\x1b]0;pwned\x07 cleared\n")
     result = run_main(stage, "-p", "/rollback diff 1", env=agent_env(state), cwd=project)
     shown, whole = result.stdout.splitlines(), m.diff(1).splitlines()
-    assert shown[0].startswith("changes from checkpoint 1 (") and shown[0].endswith(
-        ", before) to now:")
-    assert len(shown) == 1 + 200 + 1 and shown[-1] == f"… {len(whole) - 200} more lines"
+    if hardened(stage):
+        assert shown[0].startswith("changes from checkpoint 1 (") and shown[0].endswith(
+            ", before) to now:")
+    assert shown[header:header + 200] == [stage.visible(line.expandtabs()) for line in whole[:200]]
+    assert len(shown) == header + 200 + 1 and shown[-1] == f"… {len(whole) - 200} more lines"
     assert "\x1b" not in result.stdout and "+\\x1b[2J" in result.stdout
 
 
@@ -1166,17 +1292,26 @@ def test_the_demo_shows_a_snapshot_a_diff_a_rollback_and_its_undo(stage, tmp_pat
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.count("  [checkpoint ") == 2
-    after = [line for line in out.splitlines() if line.startswith("  the folder: ")]
-    assert after == [
-        "  the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env unchanged: True",
-        "  the folder: notes.txt has 2 line(s); present: app.py; .env unchanged: True",
-        "  the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env unchanged: True"]
     assert "+oops" in out and "-So the agent may act." in out
-    assert "4 checkpoint(s) of " in out and "Only you can roll back" in out
-    assert "2. A destructive command (nothing in it needs approval)" in out
+    if hardened(stage):
+        after = [line for line in out.splitlines() if line.startswith("  the folder: ")]
+        assert after == [
+            "  the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env "
+            "unchanged: True",
+            "  the folder: notes.txt has 2 line(s); present: app.py; .env unchanged: True",
+            "  the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env "
+            "unchanged: True"]
+        assert "4 checkpoint(s) of " in out and "Only you can roll back" in out
+        assert "2. A destructive command (nothing in it needs approval)" in out
+    else:                       # the teaching demo reads notes.txt after each rollback
+        read = [line.rpartition("/")[2] for line in out.splitlines() if " line(s); " in line]
+        assert read == ["notes.txt has 2 line(s); line 1 reads: Every change can be taken back.",
+                        "notes.txt has 0 line(s); line 1 reads: "]
+        assert "(before rollback to " in out
     assert os.listdir(tmp_path) == []                   # all of it in its own temporary folder
 
 
+@pytest.mark.hardening
 def test_the_checkpoints_verb_names_the_newest_five(stage, project, state):
     m = manager(stage, project, state)
     stage.use_checkpoints(m)

@@ -164,6 +164,8 @@ DEMO_PROMISES = {
         "newest first (files and lines: what changed since the one before):",
         "  1 file(s), +1 -0  before terminal: truncate -s 0 notes.txt",
         "  3 file(s), +5 -0  before write_file todo.txt",
+        "  before terminal: truncate -s 0 notes.txt",      # the list, in both editions
+        "  before write_file todo.txt",
         "-Every change can be taken back.\n-So the agent may act.",
         "+oops",
         "s12> /rollback 1\nrestored the project to checkpoint ",
@@ -195,6 +197,15 @@ HARDENED_DEMO_PROMISES = {
         "- friendly-reviewer: [BLOCKED: the description contained potential prompt injection "
         "(role_change)]",
         "Not usable: skills/broken/SKILL.md: 'description' is missing or empty",
+    ],
+    "s12_checkpoints": [        # the teaching demo reads notes.txt, and lists no counts
+        "the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env unchanged: True",
+        "newest first (files and lines: what changed since the one before):",
+        "  1 file(s), +1 -0  before terminal: truncate -s 0 notes.txt",
+        "  3 file(s), +5 -0  before write_file todo.txt",
+        "the folder: notes.txt has 2 line(s); present: app.py; .env unchanged: True",
+        "4 checkpoint(s) of ",
+        "Only you can roll back (I have no tool for it)",
     ],
 }
 
