@@ -175,6 +175,10 @@ DEMO_PROMISES = {
 # The promises that only the hardened edition's demo keeps: the teaching --demo may be
 # shorter (issue 21), so it leaves out these parts.
 HARDENED_DEMO_PROMISES = {
+    "s01_loop": [
+        "The conversation now holds 13 messages: user assistant tool assistant user assistant "
+        "tool assistant user assistant user assistant tool",
+    ],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "invalid skill name '../../.ssh'",
