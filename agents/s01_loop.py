@@ -95,18 +95,11 @@ def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
 
 def execute_tool_call(name: str, arguments: str) -> str:
     """Run one tool call and always return a string result, even on failure."""
-    handler = TOOL_HANDLERS.get(name)
-    if handler is None:
+    if name not in TOOL_HANDLERS:
         return json.dumps({"error": f"unknown tool '{name}'"})
     try:
-        args = json.loads(arguments or "{}")
-    except (ValueError, RecursionError) as exc:     # bad, huge or absurdly nested JSON
-        return json.dumps({"error": f"arguments are not valid JSON: {first_line(exc)}"})
-    if not isinstance(args, dict):
-        return json.dumps({"error": "arguments must be a JSON object"})
-    try:
-        return handler(**args)
-    except Exception as exc:                    # a broken tool must not break the loop
+        return TOOL_HANDLERS[name](**json.loads(arguments or "{}"))
+    except Exception as exc:    # bad JSON, wrong arguments, a broken tool: the loop goes on
         return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
 
 
@@ -228,28 +221,23 @@ def safe_text(text: str) -> str:
 
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
-    call without `function`, a name that is not text) get a name no tool has."""
+    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
+    (a 'custom' call without `function`, say) gets a name no tool has."""
     function = getattr(call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
+    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
+             getattr(function, "arguments", ""))
+    return tuple(safe_text(str(part or "")) for part in parts)
 
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
     start = len(messages)
-    while start > 0 and messages[start - 1].get("role") == "tool":
+    while start > 0 and messages[start - 1]["role"] == "tool":
         start -= 1
-    calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
+    calls = (messages[start - 1].get("tool_calls") or []) if start > 0 else []
     for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
 
@@ -343,11 +331,8 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
-def show_help(session: Session, argument: str) -> None:
-    console.print(Text(HELP_TEXT))
-
-
-COMMANDS = {"/help": show_help}         # later stages add their own slash commands
+# later stages add their own slash commands
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
 
 
 def handle_command(session: Session, line: str) -> bool:
@@ -414,8 +399,7 @@ def run_demo(session: Session) -> int:
         console.print(Text(f"\n{STAGE}> {text}", style="bold"))
         if not run_turn(session, text):
             return 1
-    console.print(Text("\nWith --max-iterations 1 the loop stops after one model call:",
-                       style="bold"))
+    console.print(Text("\nWith --max-iterations 1, one model call ends the turn:", style="bold"))
     session.max_iterations = 1
     run_turn(session, "$ echo limited")
     return 0
@@ -446,7 +430,6 @@ def open_session(args) -> Session:
     api_key = os.environ.get("OPENAI_API_KEY")
     if args.offline or args.demo or not (base_url or api_key):
         server = start_offline_server()
-        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
         hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
         err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
                                style="yellow"))
@@ -487,11 +470,9 @@ class CtrlC:
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
     Ctrl-C does: a running command's process group is killed on the way out."""
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), stop)
+            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
 
 
 def run_prompt(session: Session, text: str) -> int:

@@ -1136,28 +1136,23 @@ def safe_text(text: str) -> str:
 
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
-    call without `function`, a name that is not text) get a name no tool has."""
+    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
+    (a 'custom' call without `function`, say) gets a name no tool has."""
     function = getattr(call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
+    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
+             getattr(function, "arguments", ""))
+    return tuple(safe_text(str(part or "")) for part in parts)
 
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
     start = len(messages)
-    while start > 0 and messages[start - 1].get("role") == "tool":
+    while start > 0 and messages[start - 1]["role"] == "tool":
         start -= 1
-    calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
+    calls = (messages[start - 1].get("tool_calls") or []) if start > 0 else []
     for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
 
@@ -1286,11 +1281,8 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
-def show_help(session: Session, argument: str) -> None:
-    console.print(Text(HELP_TEXT))
-
-
-COMMANDS = {"/help": show_help}         # later stages add their own slash commands
+# later stages add their own slash commands
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
 
 
 def handle_command(session: Session, line: str) -> bool:
@@ -1463,11 +1455,9 @@ class CtrlC:
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
     Ctrl-C does: a running command's process group is killed on the way out."""
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), stop)
+            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
 
 
 def run_prompt(session: Session, text: str) -> int:

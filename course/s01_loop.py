@@ -133,6 +133,18 @@ def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
         raise
 
 
+#: teaching
+def execute_tool_call(name: str, arguments: str) -> str:
+    """Run one tool call and always return a string result, even on failure."""
+    if name not in TOOL_HANDLERS:
+        return json.dumps({"error": f"unknown tool '{name}'"})
+    try:
+        return TOOL_HANDLERS[name](**json.loads(arguments or "{}"))
+    except Exception as exc:    # bad JSON, wrong arguments, a broken tool: the loop goes on
+        return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
+
+
+#: hardened
 def execute_tool_call(name: str, arguments: str) -> str:
     """Run one tool call and always return a string result, even on failure."""
     handler = TOOL_HANDLERS.get(name)
@@ -396,6 +408,17 @@ def safe_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+#: teaching
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
+    (a 'custom' call without `function`, say) gets a name no tool has."""
+    function = getattr(call, "function", None)
+    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
+             getattr(function, "arguments", ""))
+    return tuple(safe_text(str(part or "")) for part in parts)
+
+
+#: hardened
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
     call without `function`, a name that is not text) get a name no tool has."""
@@ -407,6 +430,19 @@ def call_parts(call) -> tuple[str, str, str]:
     return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
+#: teaching
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Give each call of the last assistant message that has no result yet a result
+    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    start = len(messages)
+    while start > 0 and messages[start - 1]["role"] == "tool":
+        start -= 1
+    calls = (messages[start - 1].get("tool_calls") or []) if start > 0 else []
+    for call in calls[len(messages) - start:]:
+        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
+
+
+#: hardened
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
@@ -636,10 +672,17 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+#: hardened
 def show_help(session: Session, argument: str) -> None:
     console.print(Text(HELP_TEXT))
 
 
+#: teaching
+# later stages add their own slash commands
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+
+
+#: hardened
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
 
 
@@ -762,8 +805,7 @@ def run_demo(session: Session) -> int:
         console.print(Text(f"\n{STAGE}> {text}", style="bold"))
         if not run_turn(session, text):
             return 1
-    console.print(Text("\nWith --max-iterations 1 the loop stops after one model call:",
-                       style="bold"))
+    console.print(Text("\nWith --max-iterations 1, one model call ends the turn:", style="bold"))
     session.max_iterations = 1
     run_turn(session, "$ echo limited")
     return 0
@@ -823,6 +865,24 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+#: teaching
+def open_session(args) -> Session:
+    """Real endpoint if configured, otherwise the offline model on a loopback port."""
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    api_key = os.environ.get("OPENAI_API_KEY")
+    if args.offline or args.demo or not (base_url or api_key):
+        server = start_offline_server()
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
+        return Session(make_client(server.url, "offline"), "offline", server.url,
+                       args.max_iterations)
+    model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
+    client = make_client(base_url, api_key)
+    return Session(client, model, str(client.base_url), args.max_iterations)
+
+
+#: hardened
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
@@ -904,11 +964,9 @@ class CtrlC:
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
     Ctrl-C does: a running command's process group is killed on the way out."""
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), stop)
+            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
 
 
 #: hardened

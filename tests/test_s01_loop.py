@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
-from helpers import (short, clean_env, dies_soon, edition_of, first_and_newest, fresh_stage, load_stage,
-                     pairing_problems, pid_alive, pid_in_file, pid_of_running_command,
-                     repl_output, run_main, stages_from, start_agent, type_line)
+from helpers import (HARDENED, base_stage, clean_env, dies_soon, edition_of, first_and_newest,
+                     fresh_stage, load_stage, pairing_problems, pid_alive, pid_in_file,
+                     pid_of_running_command, repl_output, run_main, short, stages_from,
+                     start_agent, type_line)
 
 STAGES = stages_from("s01")
 
@@ -159,6 +160,25 @@ def test_an_answer_that_is_not_a_chat_completion_is_one_line(stage, body):
     assert len(lines) == 1 and "not a chat completion" in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("status", [501, 405])
+def test_a_static_web_server_is_not_told_to_try_later(stage, status):
+    """A POST to a static web server gets 501 or 405: no wait turns it into an API."""
+    with FakeOpenAI([http_error(status)]) as server:
+        result = run_against(stage, server, "-p", "hi", OPENAI_API_KEY="k")
+    assert result.returncode == 1
+    lines = error_lines(result)
+    assert len(lines) == 1 and f"HTTP {status}" in lines[0] and "later" not in lines[0], lines
+
+
+def test_both_editions_offer_the_same_terminal_tool(stage):
+    """The teaching edition is shorter, never a different interface."""
+    hardened = load_stage(HARDENED + base_stage(stage.__stage__))
+    assert stage.TERMINAL_SCHEMA == hardened.TERMINAL_SCHEMA
+    function = stage.TERMINAL_SCHEMA["function"]
+    assert function["name"] == "terminal" and function["parameters"]["required"] == ["command"]
+    assert set(function["parameters"]["properties"]) == {"command", "timeout"}
+
+
 NOT_AN_API = [            # what a static web server or a web page behind the URL answers
     http_error(501, "Unsupported method ('POST')"),
     http_error(405, "Method Not Allowed"),
@@ -193,12 +213,32 @@ def test_default_iteration_limit_is_30(stage):
     assert stage.MAX_ITERATIONS == 30
 
 
+WAITING_FOR_A_COMMAND = {"communicate", "wait_for_command"}    # teaching, hardened
+
+
+def waits_for_the_command(thread_id: int, within: float = 60.0) -> bool:
+    """True once the thread waits for a running command (run_terminal() is past Popen).
+    A Ctrl-C just as the command starts is test_ctrl_c_just_as_the_command_starts_...:
+    the teaching edition leaves that window open (its chapter says so)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        frame, names = sys._current_frames().get(thread_id), set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        if names & WAITING_FOR_A_COMMAND:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def interrupt_once_running(pid_file: Path) -> threading.Thread:
-    """Ctrl-C for this process, sent once the command has written its pid: it runs."""
+    """Ctrl-C for this process, sent once the command has written its pid (it runs) and
+    the agent waits for it."""
     main_thread = threading.main_thread().ident
 
     def send():
-        if pid_in_file(pid_file) is not None:
+        if pid_in_file(pid_file) is not None and waits_for_the_command(main_thread):
             signal.pthread_kill(main_thread, signal.SIGINT)
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
@@ -536,10 +576,13 @@ def test_a_real_process_survives_ctrl_c_and_raw_bytes_and_ends_on_sigterm(stage_
     closed terminal) ends the agent and kills the command it was running."""
     proc, pids = start_agent(stage_name, tmp_path), []
     try:
-        type_line(proc, b"$ echo $$ > first.pid; exec sleep 30")
+        # Each pid comes a second after the start: the teaching edition's window for a
+        # signal just as a command starts (test_ctrl_c_just_as_the_command_starts_...) is over.
+        type_line(proc, b"$ sleep 1; echo $$ > first.pid; exec sleep 30")
         pids.append(pid_of_running_command(proc, tmp_path / "first.pid", "no command ran"))
         proc.send_signal(signal.SIGINT)
-        type_line(proc, b"$ echo caf\xe9 > second.out; echo $$ > second.pid; exec sleep 30")
+        type_line(proc, b"$ echo caf\xe9 > second.out; sleep 1; echo $$ > second.pid; "
+                        b"exec sleep 30")
         pids.append(pid_of_running_command(proc, tmp_path / "second.pid",
                                            "after Ctrl-C the REPL ran nothing more"))
         proc.send_signal(signal.SIGTERM)
