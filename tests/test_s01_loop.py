@@ -3,6 +3,7 @@
 Every test runs on every stage from s01 up, because every stage carries the loop.
 """
 
+import io
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
 from helpers import (HARDENED, base_stage, clean_env, dies_soon, edition_of, first_and_newest,
                      fresh_stage, load_stage, pairing_problems, pid_alive, pid_in_file,
                      pid_of_running_command, repl_output, run_main, short, stages_from,
-                     start_agent, type_line)
+                     start_agent, started_session, type_line)
 
 STAGES = stages_from("s01")
 
@@ -94,6 +95,8 @@ def test_pairing_holds_through_errors(stage):
     results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
     assert set(results) == {"c1", "c2", "c3", "c4"}
     assert "fine" in results["c4"]
+    assert "unknown tool 'no_such_tool'" in results["c1"] or \
+        "Tool 'no_such_tool' does not exist" in results["c1"]      # s02's validation door
     for failed in ("c1", "c2", "c3"):       # nothing ran: no exit code, an error instead
         assert "exit_code" not in results[failed]
         assert "error" in results[failed].lower() or "does not exist" in results[failed]
@@ -198,6 +201,57 @@ def test_a_url_that_is_not_an_api_is_named_as_such(stage, answer):
     assert len(lines) == 1, result.stderr
     assert f"{server.url}/ is not an OpenAI-compatible API" in lines[0]
     assert lines[0].endswith("check OPENAI_BASE_URL.") and "later" not in lines[0]
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_a_turn_cancelled_before_its_first_tool_still_answers_every_call(stage_name, tmp_path,
+                                                                         monkeypatch):
+    """Ctrl-C can land after the model's answer is appended and before run_tool_calls()
+    starts: repl() answers the open calls itself, and the REPL goes on."""
+    monkeypatch.chdir(tmp_path)
+    stage = fresh_stage(stage_name)
+    session = started_session(stage, "--offline")
+
+    def cancelled_turn(session, text):
+        session.messages.append({"role": "user", "content": text})
+        session.messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "late", "type": "function",
+             "function": {"name": "terminal", "arguments": "{}"}}]})
+        raise KeyboardInterrupt
+    stage.run_turn = cancelled_turn
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    assert stage.repl(session) == 0
+    assert pairing_problems(session.messages) == []
+    assert session.messages[-1]["tool_call_id"] == "late"
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_a_second_ctrl_c_during_the_clean_up_is_ignored(stage_name):
+    """A held key sends Ctrl-C again while the cancelled turn cleans up: CtrlC ignores it
+    until the REPL is ready, so the clean-up is never cut in half."""
+    stage = fresh_stage(stage_name)
+    cleaned = []
+
+    def turn():
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5)                   # never reached: the handler raises first
+        except KeyboardInterrupt:
+            signal.raise_signal(signal.SIGINT)
+            cleaned.append("clean-up finished")
+            raise
+    stage.CtrlC.install()
+    with pytest.raises(KeyboardInterrupt):
+        stage.CtrlC.allow(turn)
+    assert cleaned == ["clean-up finished"]
+    assert stage.CtrlC.armed is False       # until the REPL allows the next turn
+
+
+def test_max_iterations_flag_limits_the_turn(stage, tmp_path):
+    result = run_main(stage, "--max-iterations", "1", "-p", "$ echo once", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "    once\n" in result.stdout
+    assert "[stopped: this turn reached its limit of 1 model call(s)" in result.stdout
 
 
 def test_iteration_limit_ends_the_turn_with_a_clear_message(stage):
@@ -428,11 +482,18 @@ def test_non_utf8_output_is_replaced_not_fatal(stage):
 @pytest.mark.parametrize("bad", [{"command": ""}, {"command": "touch ran", "timeout": 0},
                                  {"command": "touch ran", "timeout": "5"},
                                  {"command": "touch ran", "timeout": True},
-                                 {"command": "touch ran", "timeout": 10_000}])
+                                 {"command": "touch ran", "timeout": 10_000},
+                                 {"command": "touch ran", "timeout": 601}])
 def test_bad_terminal_arguments_get_an_error_and_run_nothing(stage, bad, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert "error" in json.loads(stage.run_terminal(**bad))
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_longest_timeout_the_model_may_ask_for_is_allowed(stage, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = json.loads(stage.run_terminal("echo ok", timeout=stage.MAX_TERMINAL_TIMEOUT))
+    assert (result["output"], result["exit_code"], stage.MAX_TERMINAL_TIMEOUT) == ("ok\n", 0, 600)
 
 
 @pytest.mark.hardening
