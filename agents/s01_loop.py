@@ -135,7 +135,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
     if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
-            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:        # (True is no int here)
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
         return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
                                     f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
     with start_command(command) as proc:
@@ -368,7 +368,7 @@ def read_line(prompt: str, interactive: bool) -> str | None:
 
 
 def repl(session: Session) -> int:
-    interactive = sys.stdin.isatty()
+    interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
