@@ -3924,11 +3924,14 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
     start = len(messages)
-    while start > 0 and messages[start - 1]["role"] == "tool":
+    while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
-    calls = (messages[start - 1].get("tool_calls") or []) if start > 0 else []
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
     for call in calls[len(messages) - start:]:
-        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
 

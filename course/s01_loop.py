@@ -430,19 +430,6 @@ def call_parts(call) -> tuple[str, str, str]:
     return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
-#: teaching
-def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
-    start = len(messages)
-    while start > 0 and messages[start - 1]["role"] == "tool":
-        start -= 1
-    calls = (messages[start - 1].get("tool_calls") or []) if start > 0 else []
-    for call in calls[len(messages) - start:]:
-        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
-
-
-#: hardened
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
