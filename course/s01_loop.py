@@ -15,8 +15,9 @@ What this stage adds
 
 Reading guide
     Below the imports: "[s01] Settings", then "[s01] The agent loop", the lesson
-    (run_conversation() is the whole idea), the terminal tool and the endpoint. Last come
-    "[s01] Command line and REPL" and the offline model: plumbing, not the lesson.
+    (run_conversation() is the whole idea), the terminal tool, the endpoint, and the
+    details of the loop and the terminal. Last come "[s01] Command line and REPL" and
+    the offline model: plumbing, not the lesson.
 Run
     python agents/s01_loop.py                 # REPL (offline model without a key)
     python agents/s01_loop.py --demo          # the walk-through
