@@ -39,7 +39,6 @@ Chapter
 from __future__ import annotations
 
 import argparse
-import codecs
 import fnmatch
 import hashlib
 import html
@@ -1852,7 +1851,6 @@ TERMINAL_TIMEOUT = 60                   # seconds, default for one command
 MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
-DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -1941,65 +1939,46 @@ def tool_message(call_id: str, content: str) -> dict:
 
 # ── [s01] The terminal tool ─────────────────────────────────────────────────
 
-TERMINAL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "terminal",
-        "description": "Run a shell command in the working directory and return its "
-                       "combined stdout/stderr and exit code.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "description": "The shell command to run."},
-                "timeout": {"type": "integer",
-                            "description": f"Seconds before the command is killed "
-                                           f"(default {TERMINAL_TIMEOUT}, "
-                                           f"max {MAX_TERMINAL_TIMEOUT})."},
-            },
-            "required": ["command"],
-        },
-    },
-}
+TERMINAL_SCHEMA = {"type": "function", "function": {
+    "name": "terminal",
+    "description": "Run a shell command in the working directory and return its "
+                   "combined stdout/stderr and exit code.",
+    "parameters": {"type": "object", "required": ["command"], "properties": {
+        "command": {"type": "string", "description": "The shell command to run."},
+        "timeout": {"type": "integer",
+                    "description": f"Seconds before the command is killed "
+                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
+    }}}}
 
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
-    if not isinstance(command, str) or not command.strip():
-        return json.dumps({"error": "command must be a non-empty string"})
-    if timeout is None:
-        timeout = TERMINAL_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, int) \
-            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:
-        return json.dumps({"error": f"timeout must be an integer from 1 to {MAX_TERMINAL_TIMEOUT}"})
-    try:
-        cwd = os.getcwd()
-    except OSError as exc:                      # the folder was deleted while we ran
-        return json.dumps({"error": f"cannot run commands: the working directory is gone or "
-                                    f"unreadable ({exc.strerror}). Start the agent again "
-                                    f"in an existing folder."})
-    output, stop = BoundedOutput(), threading.Event()
-    command_start = CommandStart(command, cwd)
-    try:
-        proc = command_start.started()
-        reader = threading.Thread(target=copy_output, args=(proc.stdout, output, stop),
-                                  daemon=True)
-        reader.start()
-        finished = wait_for_command(proc, reader, timeout)
-    except BaseException:                       # Ctrl-C: never leave the command running
-        command_start.kill()
-        raise
-    if finished:
-        return json.dumps({"output": output.text(), "exit_code": proc.returncode},
-                          ensure_ascii=False)
-    kill_process_group(proc)
-    proc.wait()
-    reader.join(DRAIN_AFTER_KILL)               # the last output of the killed processes
-    note = f"\n[command timed out after {timeout}s; its process group was killed]"
-    if reader.is_alive():                       # `setsid` took a process out of the group
-        stop.set()
-        note += "\n[a process outside the group still holds the output; shown so far]"
-    return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
-                      ensure_ascii=False)
+    timeout = TERMINAL_TIMEOUT if timeout is None else timeout
+    if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
+        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
+                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+    with start_command(command) as proc:
+        try:
+            raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
+        except subprocess.TimeoutExpired as timed_out:
+            kill_process_group(proc)
+            raw, code = timed_out.output or b"", 124        # 124: GNU timeout's exit code
+            note = f"\n[command timed out after {timeout}s; its process group was killed]"
+        except BaseException:                   # Ctrl-C: never leave the command running
+            kill_process_group(proc)
+            raise
+    output = BoundedOutput()
+    output.add(raw.decode("utf-8", errors="replace"))   # bytes that are not UTF-8 become �
+    return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
+
+
+def start_command(command: str) -> subprocess.Popen:
+    """A new session makes the command the leader of its own process group, so a
+    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    return subprocess.Popen(command, shell=True, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
@@ -2013,23 +1992,22 @@ def make_client(base_url: str | None, api_key: str | None):
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
+    status = getattr(exc, "status_code", None)
     if isinstance(exc, openai.APIConnectionError):      # a timeout is one, too
         return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
-    if isinstance(exc, openai.AuthenticationError):
-        if not os.environ.get("OPENAI_API_KEY"):
-            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
-        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
-    if isinstance(exc, openai.NotFoundError):
+    if status == 401:
+        return (f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+                if os.environ.get("OPENAI_API_KEY") else
+                f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY.")
+    if status == 404:
         return (f"Model '{model}' or its API was not found at {base_url} (404). "
                 f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
-    if isinstance(exc, openai.RateLimitError):
+    if status == 429:
         return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
-    # 501 is left out: a static web server sends it to a POST, and waiting will not help.
-    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500 \
-            and exc.status_code != 501:
-        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
-    if isinstance(exc, openai.APIStatusError):
-        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    if status in (500, 502, 503, 504):      # not 501: a static web server's answer to a POST
+        return f"The endpoint {base_url} had a server error ({status}). Try again later."
+    if status is not None:
+        return f"The endpoint {base_url} answered HTTP {status}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
 
@@ -2041,8 +2019,7 @@ def first_line(text: str, limit: int = 200) -> str:
 
 
 def first_message(response):
-    """The assistant message of a chat completion, or a clear error for anything else
-    (a web page from a wrong base URL, an error body that came with status 200)."""
+    """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     try:
         message = response.choices[0].message
         if isinstance(message.content, (str, type(None))):
@@ -2060,14 +2037,12 @@ def safe_text(text: str) -> str:
 
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
-    call without `function`, a name that is not text) get a name no tool has."""
+    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
+    (a 'custom' call without `function`, say) gets a name no tool has."""
     function = getattr(call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
+    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
+             getattr(function, "arguments", ""))
+    return tuple(safe_text(str(part or "")) for part in parts)
 
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
@@ -2087,99 +2062,21 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
 
 
 class BoundedOutput:
-    """A command's output in bounded memory: the first and the last part, and a count
-    of everything in between. `yes` can print a gigabyte before any timeout."""
+    """Output cut to its first and last part, with a count of what was cut: errors
+    tend to be at the end."""
 
     def __init__(self, limit: int = MAX_OUTPUT_CHARS):
-        self.head_limit = limit // 2
-        self.tail_limit = limit - self.head_limit
-        self.head = ""
-        self.tail = ""
-        self.total = 0
+        self.limit, self.whole = limit, ""
 
     def add(self, chunk: str) -> None:
-        self.total += len(chunk)
-        room = self.head_limit - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail = (self.tail + chunk)[-self.tail_limit:]
+        self.whole += chunk
 
     def text(self) -> str:
-        """Everything, or head and tail with a marker: errors tend to be at the end."""
-        cut = self.total - len(self.head) - len(self.tail)
+        cut, head = len(self.whole) - self.limit, self.limit // 2
         if cut <= 0:
-            return self.head + self.tail
-        return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
-
-
-class CommandStart:
-    """A shell command that a helper thread starts, and the Popen it got.
-
-    Python runs signal handlers in the main thread, between any two steps. Had the main
-    thread called Popen, Ctrl-C or SIGTERM could strike after the command started but
-    before we held its Popen: the command would run on and nobody could kill it. Signals
-    never interrupt the helper thread, so the Popen is always recorded here for kill().
-    """
-
-    def __init__(self, command: str, cwd: str):
-        self.proc: subprocess.Popen | None = None
-        self.error: Exception | None = None
-        self.go, self.done = threading.Event(), threading.Event()
-        # The thread waits for `go`: if we are interrupted before that, nothing starts.
-        threading.Thread(target=self.start, args=(command, cwd), daemon=True).start()
-
-    def start(self, command: str, cwd: str) -> None:
-        self.go.wait()
-        try:
-            # A new session makes the command the leader of its own process group, so
-            # a timeout or Ctrl-C can kill the grandchildren too, not just the shell.
-            self.proc = subprocess.Popen(
-                command, shell=True, cwd=cwd, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        except Exception as exc:                # e.g. a command longer than the system allows
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def started(self) -> subprocess.Popen:
-        self.go.set()
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.proc
-
-    def kill(self) -> None:
-        """Kill the command and its process group, if it was allowed to start."""
-        if self.go.is_set():
-            self.done.wait()
-            if self.proc is not None:
-                kill_process_group(self.proc)
-                self.proc.wait()
-
-
-def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
-    """True if the command exited and closed its output within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    reader.join(timeout)                        # a background child may keep the pipe open
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        return False
-    return not reader.is_alive()
-
-
-def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
-    """Read a command's output as it arrives, until every process has closed the pipe
-    or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with stream:                                # closing it stops a leftover writer (SIGPIPE)
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            if stop.is_set():
-                return
-            output.add(decoder.decode(chunk))
-        output.add(decoder.decode(b"", final=True))
+            return self.whole
+        tail = self.whole[head + cut:]
+        return f"{self.whole[:head]}\n... [{cut} characters truncated] ...\n{tail}"
 
 
 def kill_process_group(proc: subprocess.Popen) -> None:
@@ -2306,11 +2203,8 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
-def show_help(session: Session, argument: str) -> None:
-    console.print(Text(HELP_TEXT))
-
-
-COMMANDS = {"/help": show_help}         # later stages add their own slash commands
+# later stages add their own slash commands
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
 
 
 def handle_command(session: Session, line: str) -> bool:
@@ -2326,10 +2220,7 @@ def handle_command(session: Session, line: str) -> bool:
 
 def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
-    try:
-        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    except UnicodeEncodeError:              # a surrogate that did not come from a byte
-        return safe_text(line)
+    return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def read_line(prompt: str, interactive: bool) -> str | None:
@@ -2353,32 +2244,22 @@ def repl(session: Session) -> int:
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
-    if interactive:
-        try:
-            import readline  # noqa: F401  (line editing where available)
-        except ImportError:
-            pass
     while True:
-        try:
-            if interactive:                 # Ctrl-C at the prompt clears the line
-                line = CtrlC.allow(read_line, f"{STAGE}> ", True)
-            else:                           # a late Ctrl-C must not throw away a piped line
-                line = read_line(f"{STAGE}> ", False)
+        try:                                # Ctrl-C at the prompt clears the line
+            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
         if line is None or line.strip() == "/quit":
             return 0
-        if not line.strip():
-            continue
         if line.strip().startswith("/"):
             handle_command(session, line)
-            continue
-        try:
-            CtrlC.allow(run_turn, session, line)
-        except KeyboardInterrupt:
-            answer_open_tool_calls(session.messages, "interrupted by the user")
-            console.print(Text("\n[turn cancelled]", style="yellow"))
+        elif line.strip():
+            try:
+                CtrlC.allow(run_turn, session, line)
+            except KeyboardInterrupt:       # the turn's open tool calls still get a result
+                answer_open_tool_calls(session.messages, "interrupted by the user")
+                console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
 DEMO_INPUTS = ["remember The tests run with: pytest -n 0 -q",
@@ -2466,13 +2347,9 @@ def open_session(args) -> Session:
 
 
 class CtrlC:
-    """Ctrl-C cancels what is running, once.
-
-    The first SIGINT raises KeyboardInterrupt. Any more (a held key, an impatient
-    learner) are ignored until the REPL is ready again, so the clean-up of the
-    cancelled turn (killing the command, answering its tool calls) is never cut
-    in half and never ends the REPL with a traceback.
-    """
+    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
+    is ready again, so the clean-up of a cancelled turn (killing the command, answering
+    its tool calls) is never cut in half and never ends in a traceback."""
     armed = True
 
     @classmethod
@@ -2497,14 +2374,11 @@ class CtrlC:
 
 
 def exit_on_signals() -> None:
-    """SIGTERM, or SIGHUP from a closed terminal, ends the agent cleanly: the exit runs
-    through the same `finally` and `except BaseException` blocks as Ctrl-C does, so
-    a running command's process group is killed on the way out."""
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
+    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
+    Ctrl-C does: a running command's process group is killed on the way out."""
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), stop)
+            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
 
 
 def run_prompt(session: Session, text: str) -> int:
@@ -2915,11 +2789,9 @@ def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
         message["tool_calls"] = reply["tool_calls"]
-    return {"id": "chatcmpl-offline", "object": "chat.completion", "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    finish = "tool_calls" if reply.get("tool_calls") else "stop"
+    return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
 
 
 class OfflineHandler(BaseHTTPRequestHandler):

@@ -1,6 +1,31 @@
 # s01_loop: what this stage adds, changes and removes. course/build.py writes the stage files.
 
-#: docstring
+#: docstring | teaching
+"""s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
+
+What this stage adds
+    The smallest working agent: send the conversation to a chat model, run every tool
+    call it asks for, send the results back, and repeat until the model answers without
+    asking for a tool. Every tool call gets exactly one result, even after an error or
+    Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
+
+    user ──▶ messages ──▶ model ──▶ tool calls? ──no──▶ answer
+                ▲                       │ yes
+                └──── tool results ◀── terminal (timeout, truncation)
+
+Reading guide
+    Below the imports: "[s01] Settings", then "[s01] The agent loop", the lesson
+    (run_conversation() is the whole idea), the terminal tool, the endpoint, and the
+    details of the loop and the terminal. Last come "[s01] Command line and REPL" and
+    the offline model: plumbing, not the lesson.
+Run
+    python agents/s01_loop.py                 # REPL (offline model without a key)
+    python agents/s01_loop.py --demo          # the walk-through
+    python agents/s01_loop.py -p '$ uname -a' # one question, then exit
+Chapter: docs/en/s01-loop.md
+"""
+
+#: docstring | hardened
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
 What this stage adds
@@ -59,7 +84,12 @@ TERMINAL_TIMEOUT = 60                   # seconds, default for one command
 MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
+#: hardened
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
+MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+#: teaching
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -104,6 +134,18 @@ def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
         raise
 
 
+#: teaching
+def execute_tool_call(name: str, arguments: str) -> str:
+    """Run one tool call and always return a string result, even on failure."""
+    if name not in TOOL_HANDLERS:
+        return json.dumps({"error": f"unknown tool '{name}'"})
+    try:
+        return TOOL_HANDLERS[name](**json.loads(arguments or "{}"))
+    except Exception as exc:    # bad JSON, wrong arguments, a broken tool: the loop goes on
+        return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
+
+
+#: hardened
 def execute_tool_call(name: str, arguments: str) -> str:
     """Run one tool call and always return a string result, even on failure."""
     handler = TOOL_HANDLERS.get(name)
@@ -137,6 +179,20 @@ def tool_message(call_id: str, content: str) -> dict:
 
 #: section The terminal tool
 
+#: teaching
+TERMINAL_SCHEMA = {"type": "function", "function": {
+    "name": "terminal",
+    "description": "Run a shell command in the working directory and return its "
+                   "combined stdout/stderr and exit code.",
+    "parameters": {"type": "object", "required": ["command"], "properties": {
+        "command": {"type": "string", "description": "The shell command to run."},
+        "timeout": {"type": "integer",
+                    "description": f"Seconds before the command is killed "
+                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
+    }}}}
+
+
+#: hardened
 TERMINAL_SCHEMA = {
     "type": "function",
     "function": {
@@ -158,6 +214,30 @@ TERMINAL_SCHEMA = {
 }
 
 
+#: teaching
+def run_terminal(command: str, timeout: int | None = None) -> str:
+    """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
+    timeout = TERMINAL_TIMEOUT if timeout is None else timeout
+    if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
+            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
+        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
+                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+    with start_command(command) as proc:
+        try:
+            raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
+        except subprocess.TimeoutExpired as timed_out:
+            kill_process_group(proc)
+            raw, code = timed_out.output or b"", 124        # 124: GNU timeout's exit code
+            note = f"\n[command timed out after {timeout}s; its process group was killed]"
+        except BaseException:                   # Ctrl-C: never leave the command running
+            kill_process_group(proc)
+            raise
+    output = BoundedOutput()
+    output.add(raw.decode("utf-8", errors="replace"))   # bytes that are not UTF-8 become �
+    return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
+
+
+#: hardened
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     if not isinstance(command, str) or not command.strip():
@@ -198,6 +278,15 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
                       ensure_ascii=False)
 
 
+#: teaching
+def start_command(command: str) -> subprocess.Popen:
+    """A new session makes the command the leader of its own process group, so a
+    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    return subprocess.Popen(command, shell=True, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
 TOOL_SCHEMAS = [TERMINAL_SCHEMA]
 TOOL_HANDLERS = {"terminal": run_terminal}
 
@@ -214,23 +303,22 @@ def make_client(base_url: str | None, api_key: str | None):
 #: teaching
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
+    status = getattr(exc, "status_code", None)
     if isinstance(exc, openai.APIConnectionError):      # a timeout is one, too
         return f"Cannot reach the endpoint {base_url}. Check OPENAI_BASE_URL and your network."
-    if isinstance(exc, openai.AuthenticationError):
-        if not os.environ.get("OPENAI_API_KEY"):
-            return f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY."
-        return f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
-    if isinstance(exc, openai.NotFoundError):
+    if status == 401:
+        return (f"The endpoint {base_url} rejected OPENAI_API_KEY (401). Check the key."
+                if os.environ.get("OPENAI_API_KEY") else
+                f"The endpoint {base_url} needs a key (401): set OPENAI_API_KEY.")
+    if status == 404:
         return (f"Model '{model}' or its API was not found at {base_url} (404). "
                 f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
-    if isinstance(exc, openai.RateLimitError):
+    if status == 429:
         return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
-    # 501 is left out: a static web server sends it to a POST, and waiting will not help.
-    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500 \
-            and exc.status_code != 501:
-        return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
-    if isinstance(exc, openai.APIStatusError):
-        return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
+    if status in (500, 502, 503, 504):      # not 501: a static web server's answer to a POST
+        return f"The endpoint {base_url} had a server error ({status}). Try again later."
+    if status is not None:
+        return f"The endpoint {base_url} answered HTTP {status}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
 
@@ -287,8 +375,7 @@ class NotAnAPIError(openai.OpenAIError):
 
 #: teaching
 def first_message(response):
-    """The assistant message of a chat completion, or a clear error for anything else
-    (a web page from a wrong base URL, an error body that came with status 200)."""
+    """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     try:
         message = response.choices[0].message
         if isinstance(message.content, (str, type(None))):
@@ -322,6 +409,17 @@ def safe_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+#: teaching
+def call_parts(call) -> tuple[str, str, str]:
+    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
+    (a 'custom' call without `function`, say) gets a name no tool has."""
+    function = getattr(call, "function", None)
+    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
+             getattr(function, "arguments", ""))
+    return tuple(safe_text(str(part or "")) for part in parts)
+
+
+#: hardened
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
     call without `function`, a name that is not text) get a name no tool has."""
@@ -349,6 +447,26 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
 #: section Terminal details
 
 
+#: teaching
+class BoundedOutput:
+    """Output cut to its first and last part, with a count of what was cut: errors
+    tend to be at the end."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
+        self.limit, self.whole = limit, ""
+
+    def add(self, chunk: str) -> None:
+        self.whole += chunk
+
+    def text(self) -> str:
+        cut, head = len(self.whole) - self.limit, self.limit // 2
+        if cut <= 0:
+            return self.whole
+        tail = self.whole[head + cut:]
+        return f"{self.whole[:head]}\n... [{cut} characters truncated] ...\n{tail}"
+
+
+#: hardened
 class BoundedOutput:
     """A command's output in bounded memory: the first and the last part, and a count
     of everything in between. `yes` can print a gigabyte before any timeout."""
@@ -377,6 +495,7 @@ class BoundedOutput:
         return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
 
 
+#: hardened
 class CommandStart:
     """A shell command that a helper thread starts, and the Popen it got.
 
@@ -422,6 +541,7 @@ class CommandStart:
                 self.proc.wait()
 
 
+#: hardened
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
     """True if the command exited and closed its output within `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -433,6 +553,7 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     return not reader.is_alive()
 
 
+#: hardened
 def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
     """Read a command's output as it arrives, until every process has closed the pipe
     or `stop` is set. Bytes are decoded as UTF-8; anything else becomes �."""
@@ -457,6 +578,14 @@ def kill_process_group(proc: subprocess.Popen) -> None:
 
 #: section Command line and REPL | plumbing
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /quit          leave (or Ctrl-D); Ctrl-C cancels the current turn
+  $ <command>    the offline model runs it with the terminal tool"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /quit          leave (Ctrl-D works too)
@@ -465,6 +594,16 @@ The offline model understands:
   $ <command>    run a shell command with the terminal tool"""
 
 
+#: teaching
+class Session:
+    """Everything one running agent needs: the client, the model, the messages."""
+
+    def __init__(self, client, model: str, base_url: str, max_iterations: int):
+        self.client, self.model, self.base_url = client, model, base_url
+        self.max_iterations, self.messages = max_iterations, []
+
+
+#: hardened
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
 
@@ -521,10 +660,17 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+#: hardened
 def show_help(session: Session, argument: str) -> None:
     console.print(Text(HELP_TEXT))
 
 
+#: teaching
+# later stages add their own slash commands
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+
+
+#: hardened
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
 
 
@@ -539,6 +685,13 @@ def handle_command(session: Session, line: str) -> bool:
     return True
 
 
+#: teaching
+def undecodable_to_replacement(line: str) -> str:
+    """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
+    return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+#: hardened
 def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     try:
@@ -563,6 +716,31 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     return line
 
 
+#: teaching
+def repl(session: Session) -> int:
+    interactive = bool(sys.stdin) and sys.stdin.isatty()
+    if session.model != "offline":          # the offline model announces itself already
+        err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
+                               f"commands]", style="yellow"))
+    while True:
+        try:                                # Ctrl-C at the prompt clears the line
+            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
+        except KeyboardInterrupt:
+            console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
+            continue
+        if line is None or line.strip() == "/quit":
+            return 0
+        if line.strip().startswith("/"):
+            handle_command(session, line)
+        elif line.strip():
+            try:
+                CtrlC.allow(run_turn, session, line)
+            except KeyboardInterrupt:       # the turn's open tool calls still get a result
+                answer_open_tool_calls(session.messages, "interrupted by the user")
+                console.print(Text("\n[turn cancelled]", style="yellow"))
+
+
+#: hardened
 def repl(session: Session) -> int:
     interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
@@ -596,6 +774,11 @@ def repl(session: Session) -> int:
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
+#: teaching
+DEMO_INPUTS = ["$ echo hello from the terminal tool", "What can you do?"]
+
+
+#: hardened
 DEMO_INPUTS = [
     "$ echo hello from the terminal tool",
     "$ printf 'one\\ntwo\\nthree\\n' | wc -l",
@@ -603,6 +786,20 @@ DEMO_INPUTS = [
 ]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    for text in DEMO_INPUTS:
+        console.print(Text(f"\n{STAGE}> {text}", style="bold"))
+        if not run_turn(session, text):
+            return 1
+    console.print(Text("\nWith --max-iterations 1, one model call ends the turn:", style="bold"))
+    session.max_iterations = 1
+    run_turn(session, "$ echo limited")
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     for text in DEMO_INPUTS:
@@ -627,6 +824,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint ($OPENAI_BASE_URL)")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
+                        help=f"model calls per turn (default {MAX_ITERATIONS})")
+    return parser.parse_args(argv)
+
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -642,6 +853,24 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+#: teaching
+def open_session(args) -> Session:
+    """Real endpoint if configured, otherwise the offline model on a loopback port."""
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    api_key = os.environ.get("OPENAI_API_KEY")
+    if args.offline or args.demo or not (base_url or api_key):
+        server = start_offline_server()
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
+        return Session(make_client(server.url, "offline"), "offline", server.url,
+                       args.max_iterations)
+    model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
+    client = make_client(base_url, api_key)
+    return Session(client, model, str(client.base_url), args.max_iterations)
+
+
+#: hardened
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
@@ -659,6 +888,35 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations)
 
 
+#: teaching
+class CtrlC:
+    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
+    is ready again, so the clean-up of a cancelled turn (killing the command, answering
+    its tool calls) is never cut in half and never ends in a traceback."""
+    armed = True
+
+    @classmethod
+    def install(cls) -> None:
+        cls.armed = True
+        signal.signal(signal.SIGINT, cls.on_sigint)
+
+    @classmethod
+    def on_sigint(cls, signum, frame) -> None:
+        if cls.armed:
+            cls.armed = False
+            raise KeyboardInterrupt
+
+    @classmethod
+    def allow(cls, function, *args):
+        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+        cls.armed = True
+        try:
+            return function(*args)
+        finally:
+            cls.armed = False
+
+
+#: hardened
 class CtrlC:
     """Ctrl-C cancels what is running, once.
 
@@ -690,6 +948,16 @@ class CtrlC:
             cls.armed = False
 
 
+#: teaching
+def exit_on_signals() -> None:
+    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
+    Ctrl-C does: a running command's process group is killed on the way out."""
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
+
+
+#: hardened
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, ends the agent cleanly: the exit runs
     through the same `finally` and `except BaseException` blocks as Ctrl-C does, so
@@ -724,6 +992,15 @@ def main(argv=None) -> int:
 
 #: section Offline model (not part of the lesson) | plumbing, untagged
 
+#: teaching
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model: '$ <command>' runs a command with the terminal tool. "
+                "For a real model, set OPENAI_API_KEY (or OPENAI_BASE_URL) and start me again.")
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
@@ -741,6 +1018,22 @@ def offline_plan(text: str):
     return None
 
 
+#: teaching
+def offline_summary(messages: list) -> str:
+    """Summarise the result of the last tool call (this model asks for one at a time)."""
+    data = json.loads(messages[-1]["content"])
+    if "exit_code" not in data:
+        return f"The tool reported: {first_line(data.get('error', ''), 160)}"
+    summary = (f"The command exited with code {data['exit_code']}; first line of output: "
+               f"{first_line(data['output'], 120) or '(no output)'}")
+    cut = re.search(r"\[(\d+) characters truncated\]", data["output"])
+    if cut:
+        summary += (f"\nThe output was long: I received its start and end, "
+                    f"{cut.group(1)} characters in the middle were cut.")
+    return summary
+
+
+#: hardened
 def offline_summary(messages: list) -> str:
     """Summarise the tool results that follow the last assistant message."""
     results = []
@@ -767,6 +1060,21 @@ def offline_summary(messages: list) -> str:
     return "\n".join(lines) or "Done."
 
 
+#: teaching
+def offline_reply(messages: list, counter: list) -> dict:
+    """The next assistant message, as plain data."""
+    if messages[-1]["role"] == "tool":
+        return {"content": offline_summary(messages)}
+    plan = offline_plan(str(messages[-1].get("content") or "").strip())
+    if plan is None:
+        return {"content": OFFLINE_HELP}
+    counter[0] += 1
+    function = {"name": plan[0], "arguments": json.dumps(plan[1])}
+    return {"content": "", "tool_calls": [{"id": f"call_offline_{counter[0]}",
+                                           "type": "function", "function": function}]}
+
+
+#: hardened
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     last = messages[-1] if messages else {}
@@ -782,6 +1090,17 @@ def offline_reply(messages: list, counter: list) -> dict:
                                                         "arguments": json.dumps(args)}}]}
 
 
+#: teaching
+def completion_body(reply: dict, model: str) -> dict:
+    message = {"role": "assistant", "content": reply.get("content")}
+    if reply.get("tool_calls"):
+        message["tool_calls"] = reply["tool_calls"]
+    finish = "tool_calls" if reply.get("tool_calls") else "stop"
+    return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+
+#: hardened
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
@@ -793,6 +1112,27 @@ def completion_body(reply: dict, model: str) -> dict:
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
+#: teaching
+class OfflineHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):              # keep the learner's screen clean
+        pass
+
+    def do_POST(self):
+        try:
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            reply = offline_reply(request["messages"], self.server.counter)
+            status, body = 200, completion_body(reply, request["model"])
+        except Exception as exc:               # one line for the learner, not a traceback
+            status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+#: hardened
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
         pass
@@ -818,6 +1158,17 @@ class OfflineHandler(BaseHTTPRequestHandler):
             self.send_json(500, {"error": {"message": f"offline model failed: {exc}"}})
 
 
+#: teaching
+def start_offline_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
+    server.daemon_threads, server.counter = True, [0]
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    return server
+
+
+#: hardened
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads = True

@@ -4780,6 +4780,17 @@ STAGE = "s09"
 STAGE_TITLE = "permissions, a gate in front of every command"
 
 
+#: teaching
+def start_command(command: str) -> subprocess.Popen:
+    """A new session makes the command the leader of its own process group, so a
+    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    return subprocess.Popen(command, shell=True, start_new_session=True,
+                            env=scrubbed_environment(),     # no secrets for its commands (s09)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+#: hardened
 class CommandStart:
     """A shell command that a helper thread starts, and the Popen it got.
 

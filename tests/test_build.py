@@ -66,11 +66,11 @@ def test_a_changed_definition_changes_in_every_stage_that_carries_it_and_nowhere
         tmp_path):
     course_dir = tmp_path / "course"
     shutil.copytree(ROOT / "course", course_dir)
-    # run_terminal: written once in s01, carried unchanged by every stage.
+    # tool_message: written once in s01, carried unchanged by every stage.
     # RecordedMessages: s03's variant, carried by s04 only (s05 writes its own).
     s01 = course_dir / "s01_loop.py"
     s01.write_text(s01.read_text(encoding="utf-8").replace(
-        "def run_terminal(", "def run_terminal(  # edited\n        ", 1), encoding="utf-8")
+        "def tool_message(", "def tool_message(  # edited\n        ", 1), encoding="utf-8")
     s03 = course_dir / "s03_session_store.py"
     text = s03.read_text(encoding="utf-8")
     start = text.index("class RecordedMessages(list):")
@@ -78,7 +78,7 @@ def test_a_changed_definition_changes_in_every_stage_that_carries_it_and_nowhere
                    encoding="utf-8")
     before, after = BUILD.read_course(), BUILD.read_course(course_dir)
     stages = all_stages()
-    carriers = {"run_terminal": set(stages),
+    carriers = {"tool_message": set(stages),
                 "RecordedMessages": {"s03_session_store", "s04_prompt_builder"}}
     for edition in BUILD.EDITIONS:
         for number, stage in enumerate(stages, start=1):
@@ -92,10 +92,10 @@ def test_a_changed_definition_changes_in_every_stage_that_carries_it_and_nowhere
 def test_a_definition_carried_from_s01_to_the_last_stage_is_written_once():
     parts = sorted((ROOT / "course").glob("s*.py"))
     written = [p.name for p in parts for line in p.read_text(encoding="utf-8").splitlines()
-               if line.startswith("def run_terminal(")]
+               if line.startswith("def tool_message(")]
     assert written == ["s01_loop.py"]
     newest = (ROOT / "agents" / f"{all_stages()[-1]}.py").read_text(encoding="utf-8")
-    assert newest.count("\ndef run_terminal(") == 1
+    assert newest.count("\ndef tool_message(") == 1
 
 
 def test_generated_files_hold_no_markers_and_say_where_to_edit(built):

@@ -52,6 +52,7 @@ FILE_NAME = re.compile(r"\.(py|md|db|json|ipynb|ya?ml|txt|toml|sh|log|cfg|ini|ht
 NOT_OURS = {"APIConnectionError", "APIStatusError", "APITimeoutError", "AuthenticationError",
             "KeyboardInterrupt", "RateLimitError", "NotFoundError", "TimeoutExpired",
             "OpenAIError", "ThreadingHTTPServer", "BaseHTTPRequestHandler",
+            "ImportError",              # what a model's pytest run shows (s06's "The problem")
             "run_shell"}                # a tool name a model invents (s02's "The problem")
 
 SKELETON = ["The problem", "The idea in one screen", "A worked trace", "How it works",

@@ -3,6 +3,7 @@
 Every test runs on every stage from s01 up, because every stage carries the loop.
 """
 
+import io
 import json
 import os
 import signal
@@ -16,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI, call, http_error, raw_body, raw_call, reply
-from helpers import (short, clean_env, dies_soon, first_and_newest, fresh_stage, load_stage,
-                     pairing_problems, pid_alive, pid_in_file, pid_of_running_command,
-                     repl_output, run_main, stages_from, start_agent, type_line)
+from helpers import (HARDENED, base_stage, clean_env, dies_soon, edition_of, first_and_newest,
+                     fresh_stage, load_stage, pairing_problems, pid_alive, pid_in_file,
+                     pid_of_running_command, repl_output, run_main, short, stages_from,
+                     start_agent, started_session, type_line)
 
 STAGES = stages_from("s01")
 
@@ -93,6 +95,8 @@ def test_pairing_holds_through_errors(stage):
     results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
     assert set(results) == {"c1", "c2", "c3", "c4"}
     assert "fine" in results["c4"]
+    assert "unknown tool 'no_such_tool'" in results["c1"] or \
+        "Tool 'no_such_tool' does not exist" in results["c1"]      # s02's validation door
     for failed in ("c1", "c2", "c3"):       # nothing ran: no exit code, an error instead
         assert "exit_code" not in results[failed]
         assert "error" in results[failed].lower() or "does not exist" in results[failed]
@@ -159,6 +163,25 @@ def test_an_answer_that_is_not_a_chat_completion_is_one_line(stage, body):
     assert len(lines) == 1 and "not a chat completion" in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("status", [501, 405])
+def test_a_static_web_server_is_not_told_to_try_later(stage, status):
+    """A POST to a static web server gets 501 or 405: no wait turns it into an API."""
+    with FakeOpenAI([http_error(status)]) as server:
+        result = run_against(stage, server, "-p", "hi", OPENAI_API_KEY="k")
+    assert result.returncode == 1
+    lines = error_lines(result)
+    assert len(lines) == 1 and f"HTTP {status}" in lines[0] and "later" not in lines[0], lines
+
+
+def test_both_editions_offer_the_same_terminal_tool(stage):
+    """The teaching edition is shorter, never a different interface."""
+    hardened = load_stage(HARDENED + base_stage(stage.__stage__))
+    assert stage.TERMINAL_SCHEMA == hardened.TERMINAL_SCHEMA
+    function = stage.TERMINAL_SCHEMA["function"]
+    assert function["name"] == "terminal" and function["parameters"]["required"] == ["command"]
+    assert set(function["parameters"]["properties"]) == {"command", "timeout"}
+
+
 NOT_AN_API = [            # what a static web server or a web page behind the URL answers
     http_error(501, "Unsupported method ('POST')"),
     http_error(405, "Method Not Allowed"),
@@ -180,6 +203,57 @@ def test_a_url_that_is_not_an_api_is_named_as_such(stage, answer):
     assert lines[0].endswith("check OPENAI_BASE_URL.") and "later" not in lines[0]
 
 
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_a_turn_cancelled_before_its_first_tool_still_answers_every_call(stage_name, tmp_path,
+                                                                         monkeypatch):
+    """Ctrl-C can land after the model's answer is appended and before run_tool_calls()
+    starts: repl() answers the open calls itself, and the REPL goes on."""
+    monkeypatch.chdir(tmp_path)
+    stage = fresh_stage(stage_name)
+    session = started_session(stage, "--offline")
+
+    def cancelled_turn(session, text):
+        session.messages.append({"role": "user", "content": text})
+        session.messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "late", "type": "function",
+             "function": {"name": "terminal", "arguments": "{}"}}]})
+        raise KeyboardInterrupt
+    stage.run_turn = cancelled_turn
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    assert stage.repl(session) == 0
+    assert pairing_problems(session.messages) == []
+    assert session.messages[-1]["tool_call_id"] == "late"
+
+
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_a_second_ctrl_c_during_the_clean_up_is_ignored(stage_name):
+    """A held key sends Ctrl-C again while the cancelled turn cleans up: CtrlC ignores it
+    until the REPL is ready, so the clean-up is never cut in half."""
+    stage = fresh_stage(stage_name)
+    cleaned = []
+
+    def turn():
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5)                   # never reached: the handler raises first
+        except KeyboardInterrupt:
+            signal.raise_signal(signal.SIGINT)
+            cleaned.append("clean-up finished")
+            raise
+    stage.CtrlC.install()
+    with pytest.raises(KeyboardInterrupt):
+        stage.CtrlC.allow(turn)
+    assert cleaned == ["clean-up finished"]
+    assert stage.CtrlC.armed is False       # until the REPL allows the next turn
+
+
+def test_max_iterations_flag_limits_the_turn(stage, tmp_path):
+    result = run_main(stage, "--max-iterations", "1", "-p", "$ echo once", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "    once\n" in result.stdout
+    assert "[stopped: this turn reached its limit of 1 model call(s)" in result.stdout
+
+
 def test_iteration_limit_ends_the_turn_with_a_clear_message(stage):
     turns = [reply("", call("terminal", {"command": f"echo {n}"})) for n in range(5)]
     with FakeOpenAI(turns) as server:
@@ -193,12 +267,32 @@ def test_default_iteration_limit_is_30(stage):
     assert stage.MAX_ITERATIONS == 30
 
 
+WAITING_FOR_A_COMMAND = {"communicate", "wait_for_command"}    # teaching, hardened
+
+
+def waits_for_the_command(thread_id: int, within: float = 60.0) -> bool:
+    """True once the thread waits for a running command (run_terminal() is past Popen).
+    A Ctrl-C just as the command starts is test_ctrl_c_just_as_the_command_starts_...:
+    the teaching edition leaves that window open (its chapter says so)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        frame, names = sys._current_frames().get(thread_id), set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        if names & WAITING_FOR_A_COMMAND:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def interrupt_once_running(pid_file: Path) -> threading.Thread:
-    """Ctrl-C for this process, sent once the command has written its pid: it runs."""
+    """Ctrl-C for this process, sent once the command has written its pid (it runs) and
+    the agent waits for it."""
     main_thread = threading.main_thread().ident
 
     def send():
-        if pid_in_file(pid_file) is not None:
+        if pid_in_file(pid_file) is not None and waits_for_the_command(main_thread):
             signal.pthread_kill(main_thread, signal.SIGINT)
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
@@ -228,11 +322,13 @@ def test_ctrl_c_during_a_tool_answers_every_call_and_kills_the_command(stage, tm
     assert dies_soon(int((tmp_path / "shell.pid").read_text()))
 
 
+@pytest.mark.hardening
 def test_ctrl_c_just_as_the_command_starts_still_kills_it(stage, tmp_path, monkeypatch,
                                                          ctrl_c_raises):
     """A signal that lands right after Popen created the process, before the agent holds
     its handle, must not leave the command running (it has its own session, so the
-    terminal's Ctrl-C never reaches it)."""
+    terminal's Ctrl-C never reaches it). The teaching edition calls Popen in the main
+    thread: this window is open there (the chapter's "Under attack" names it)."""
     monkeypatch.chdir(tmp_path)
     real_popen, main_thread = subprocess.Popen, threading.main_thread().ident
 
@@ -280,14 +376,10 @@ def test_timeout_kills_a_term_ignoring_child_and_its_grandchildren(stage_name, t
     assert not (tmp_path / "survived").exists()
 
 
-@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
-@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
-def test_a_timeout_is_not_held_up_by_processes_that_escaped_the_group(stage_name, tmp_path,
-                                                                      monkeypatch):
-    """`setsid` takes a process out of the command's group, so the kill misses it. One
-    escapee holds the output pipe silently, one writes to it without end: the tool still
-    returns after the timeout (with a note), and closing the pipe ends the writer."""
-    monkeypatch.chdir(tmp_path)
+def run_with_escapees(stage_name, tmp_path) -> dict:
+    """A command whose two `setsid` escapees hold its output pipe after a 1 s timeout:
+    one silently, one writing without end. Returns the result; the writer must be cut
+    off by the closed pipe, and both escapees are killed afterwards in any case."""
     stage = fresh_stage(stage_name)
     stage.DRAIN_AFTER_KILL = 0.1                # the escapees would hold the pipe for 30 s
     result = json.loads(stage.run_terminal(
@@ -297,12 +389,34 @@ def test_a_timeout_is_not_held_up_by_processes_that_escaped_the_group(stage_name
     try:
         assert result["exit_code"] == 124
         assert result["output"].startswith("before\n")
-        assert "a process outside the group still holds the output" in result["output"]
         assert dies_soon(escapees[1]), "the escaped writer was not cut off"
     finally:
         for pid in escapees:
             if pid and pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+    return result
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
+def test_a_timeout_is_not_held_up_by_processes_that_escaped_the_group(stage_name, tmp_path,
+                                                                      monkeypatch):
+    """`setsid` takes a process out of the command's group, so the kill misses it. One
+    escapee holds the output pipe silently, one writes to it without end: the tool still
+    returns after the timeout, and closing the pipe ends the writer."""
+    monkeypatch.chdir(tmp_path)
+    run_with_escapees(stage_name, tmp_path)
+
+
+@pytest.mark.hardening
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+@pytest.mark.parametrize("stage_name", first_and_newest(STAGES))
+def test_the_output_says_a_process_outside_the_group_held_it(stage_name, tmp_path,
+                                                              monkeypatch):
+    """The hardened edition reads while it waits, and says why the output stopped."""
+    monkeypatch.chdir(tmp_path)
+    result = run_with_escapees(stage_name, tmp_path)
+    assert "a process outside the group still holds the output" in result["output"]
 
 
 def test_long_output_keeps_head_and_tail_with_a_marker(stage):
@@ -320,6 +434,16 @@ def test_bounded_output_keeps_head_and_tail_however_it_arrives(stage, chunks):
     for chunk in chunks:
         output.add(chunk)
     assert output.text() == "abcde\n... [2 characters truncated] ...\nhijkl"
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("chunks", [["abcdefghijkl"], list("abcdefghijkl"), ["abc", "defghijkl"]])
+def test_bounded_output_holds_only_head_and_tail_in_memory(stage, chunks):
+    """The hardened edition reads output while the command runs: the middle is counted,
+    never kept (the teaching edition keeps a command's whole output until it ends)."""
+    output = stage.BoundedOutput(limit=10)
+    for chunk in chunks:
+        output.add(chunk)
     assert len(output.head) + len(output.tail) == 10
 
 
@@ -358,13 +482,21 @@ def test_non_utf8_output_is_replaced_not_fatal(stage):
 @pytest.mark.parametrize("bad", [{"command": ""}, {"command": "touch ran", "timeout": 0},
                                  {"command": "touch ran", "timeout": "5"},
                                  {"command": "touch ran", "timeout": True},
-                                 {"command": "touch ran", "timeout": 10_000}])
+                                 {"command": "touch ran", "timeout": 10_000},
+                                 {"command": "touch ran", "timeout": 601}])
 def test_bad_terminal_arguments_get_an_error_and_run_nothing(stage, bad, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert "error" in json.loads(stage.run_terminal(**bad))
     assert not (tmp_path / "ran").exists()
 
 
+def test_the_longest_timeout_the_model_may_ask_for_is_allowed(stage, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = json.loads(stage.run_terminal("echo ok", timeout=stage.MAX_TERMINAL_TIMEOUT))
+    assert (result["output"], result["exit_code"], stage.MAX_TERMINAL_TIMEOUT) == ("ok\n", 0, 600)
+
+
+@pytest.mark.hardening
 def test_terminal_in_a_deleted_folder_gives_a_clear_error(stage, tmp_path, monkeypatch):
     gone = tmp_path / "gone"
     gone.mkdir()
@@ -382,8 +514,11 @@ def test_a_deleted_folder_does_not_crash_the_agent(stage, tmp_path, monkeypatch)
     gone.rmdir()
     result = run_main(stage, "-p", "$ echo hi")
     assert result.returncode == 0, result.stderr
-    assert "working directory is gone" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+    if edition_of(stage.__stage__) == "hardened":
+        assert "working directory is gone" in result.stdout
+    else:                                   # the teaching edition runs it: the shell complains
+        assert "\n    hi\n" in result.stdout
 
 
 # ── endpoint errors: one line, never a traceback ──────────────────────────
@@ -502,10 +637,13 @@ def test_a_real_process_survives_ctrl_c_and_raw_bytes_and_ends_on_sigterm(stage_
     closed terminal) ends the agent and kills the command it was running."""
     proc, pids = start_agent(stage_name, tmp_path), []
     try:
-        type_line(proc, b"$ echo $$ > first.pid; exec sleep 30")
+        # Each pid comes a second after the start: the teaching edition's window for a
+        # signal just as a command starts (test_ctrl_c_just_as_the_command_starts_...) is over.
+        type_line(proc, b"$ sleep 1; echo $$ > first.pid; exec sleep 30")
         pids.append(pid_of_running_command(proc, tmp_path / "first.pid", "no command ran"))
         proc.send_signal(signal.SIGINT)
-        type_line(proc, b"$ echo caf\xe9 > second.out; echo $$ > second.pid; exec sleep 30")
+        type_line(proc, b"$ echo caf\xe9 > second.out; sleep 1; echo $$ > second.pid; "
+                        b"exec sleep 30")
         pids.append(pid_of_running_command(proc, tmp_path / "second.pid",
                                            "after Ctrl-C the REPL ran nothing more"))
         proc.send_signal(signal.SIGTERM)

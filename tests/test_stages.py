@@ -190,6 +190,10 @@ HARDENED_DEMO_PROMISES = {
         "build still exists: True",
         "children completed: 3 of 3",
     ],
+    "s01_loop": [
+        "The conversation now holds 13 messages: user assistant tool assistant user assistant "
+        "tool assistant user assistant user assistant tool",
+    ],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "invalid skill name '../../.ssh'",
