@@ -175,6 +175,10 @@ DEMO_PROMISES = {
 # The promises that only the hardened edition's demo keeps: the teaching --demo may be
 # shorter (issue 21), so it leaves out these parts.
 HARDENED_DEMO_PROMISES = {
+    "s06_error_recovery": [
+        "every tool call has its result: True",
+        "[stopped: this turn reached its limit of 3 model call(s)",
+    ],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "invalid skill name '../../.ssh'",
