@@ -22,16 +22,14 @@ What this stage adds
 Reading guide
     Start right below the imports: "[s07] Memory" is this stage's lesson: memory_tool()
     is the tool, find_memory_threats() the scan, MemoryStore the files,
-    memory_snapshot_section() the prompt's part (build_system_prompt() in "[s04] The
-    system prompt" calls it). "[s07] Memory details" is the hardening: a corrupt file,
-    matching old_text, the strict rule table. Earlier stages follow, newest first, then
-    the plumbing (/memory is under "[s07] Memory commands"); the wiring registers the tool.
+    memory_snapshot_section() the prompt's part; "[s07] Memory details" holds their
+    helpers. Earlier stages follow, newest first, then the plumbing (/memory is under
+    "[s07] Memory commands"); the wiring registers the tool.
     Changed in earlier stages' sections: build_system_prompt() in [s04]; and 6 definitions
     of the plumbing (python course/build.py --changes s07 lists them all).
 Run
     python agents/s07_memory.py                 # REPL (offline model without a key)
     python agents/s07_memory.py --demo          # the walk-through
-    printf 'remember the tests use pytest\n/memory\n' | python agents/s07_memory.py
 Chapter
     docs/en/s07-memory.md
 """
@@ -115,16 +113,9 @@ def memory_tool(action: str, target: str, content: str | None = None,
 def find_memory_threats(text: str) -> list[str]:
     """Sorted ids of what makes `text` unfit to be remembered; [] when it is clean.
     s04's find_injection() plus STRICT_THREAT_PATTERNS: the stricter rules for text the
-    agent writes into its own future prompts (memory here, skills in s08). The strict
-    rules read the words folded, as s04's rules do, and also as written: folding moves
-    a tag's inside to the end, so `<https://…>` would leave its line."""
-    text = text[:_SCAN_MAX_CHARS]
-    # Markdown shows `\_` as `_`: `authorized\_keys` is authorized_keys. (fold_text()
-    # drops the backslash and then the `_` after it, as it drops __emphasis__.)
-    normal = normalise_text(text).replace("\\_", "_")
-    views = (fold_text(normal), normal.lower())
-    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS
-              if any(rule.search(view) for view in views)}
+    agent writes into its own future prompts (memory here, skills in s08)."""
+    folded = fold_text(normalise_text(text[:_SCAN_MAX_CHARS]))
+    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS if rule.search(folded)}
     return sorted(strict.union(find_injection(text)))
 
 
@@ -267,22 +258,19 @@ def read_entries(path: Path) -> list[str]:
 
 def read_memory_file(path: Path) -> str | None:
     """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written. A link is refused, as s04 refuses linked context files:
-    the atomic write would follow it and replace whatever file it points to."""
-    name = path.name
+    tool cannot have written: it is reported and never overwritten. A link is refused, as
+    s04 refuses linked context files: the atomic write would follow it."""
+    if path.is_symlink():
+        raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
-        if path.is_symlink():
-            raise MemoryFileError(f"{name} is a symbolic link; memory files must be regular files")
-        if not path.exists():
-            return None
-        if not path.is_file():
-            raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
         text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise MemoryFileError(f"{name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+    except (FileNotFoundError, NotADirectoryError):     # not there yet: the write will say
+        return None
     except UnicodeDecodeError as exc:
-        raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+        raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise MemoryFileError(f"{path.name} could not be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
@@ -2158,9 +2146,8 @@ The offline model understands:
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)"""
@@ -2334,10 +2321,8 @@ DEMO_INPUTS = ["remember The tests run with: pytest -n 0 -q",
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    start = current_directory()             # None if it was deleted: then there is no way back
     saved_home = os.environ.get("LEARN_HERMES_HOME")
     with tempfile.TemporaryDirectory(prefix="s07-demo-") as folder:
-        os.chdir(folder)                    # no project files of yours in these prompts
         os.environ["LEARN_HERMES_HOME"] = folder    # the demo's memory files, not yours
         try:
             return 0 if demo_memory(session) else 1
@@ -2346,8 +2331,6 @@ def run_demo(session: Session) -> int:
                 os.environ.pop("LEARN_HERMES_HOME", None)
             else:
                 os.environ["LEARN_HERMES_HOME"] = saved_home
-            if start is not None:
-                os.chdir(start)
 
 
 def positive_int(text: str) -> int:
@@ -2661,20 +2644,16 @@ DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backo
 
 
 def show_memory(session: Session, argument: str) -> None:
-    """Both memory files as they are on disk now (this session's prompt may be older),
-    their entries and how full they are."""
+    """/memory: both memory files as they are on disk now (this session's prompt may be
+    older), their entries and how full they are."""
     store = MemoryStore(hermes_home())
-    console.print(Text(f"memory files in {store.folder}", style="dim"))
     for target, name in MEMORY_FILES.items():
         try:
             entries = store.entries(target)
         except MemoryFileError as exc:
             console.print(Text(f"{name}: error: {exc}; it is left as it is", style="red"))
             continue
-        full = len(ENTRY_DELIMITER.join(entries)) * 100 // char_limit(target)
-        count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
-        console.print(Text(f"{name}: {count}, {usage(entries, target)} ({full}% full)",
-                           style="bold"))
+        console.print(Text(f"{name}: {usage(entries, target)}", style="bold"))
         for number, entry in enumerate(entries, start=1):
             findings = find_memory_threats(entry)     # written around the memory tool
             mark = f"   [kept out of prompts: {', '.join(findings)}]" if findings else ""
@@ -2697,27 +2676,20 @@ def demo_turn(session: Session, line: str) -> bool:
 
 
 def demo_memory(template: Session) -> bool:
-    """The demo's story: save, look at the disk and the prompts, then two refusals."""
+    """The demo's story: save, look at the prompts, then two refusals."""
     first = new_demo_session(template)
     before = first.messages[0]["content"]
-    console.print(Text(f"\nSession 1 starts with no memory files; a memory section in its "
-                       f"prompt: {'## Memory' in before}", style="bold"))
     if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
         return False
-    console.print(Text("\n/memory: the facts are on disk at once.", style="bold"))
-    show_memory(first, "")
-    console.print(Text(f"The running prompt is unchanged: "
+    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
                        f"{first.messages[0]['content'] == before}", style="bold"))
-    second = new_demo_session(template)
     section = memory_snapshot_section(hermes_home())
-    console.print(Text("\nSession 2 reads the files when it starts. Its prompt holds:",
+    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
                        style="bold"))
     console.print(Text(section, style="dim"))
-    console.print(Text(f"in the new session's prompt: {section in second.messages[0]['content']}",
-                       style="bold"))
     console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
                        style="bold"))
-    if not all(demo_turn(second, line) for line in DEMO_INPUTS[2:]):
+    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
         return False
     console.print(Text(f"the memory files are unchanged: "
                        f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
@@ -2734,8 +2706,7 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "the file tools, 'call <tool> <json>' sends a raw tool call, "
                 "'search <words>' searches earlier sessions, 'prompt' describes my "
                 "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind> [times]' makes my endpoint fail, "
-                "'retry <input>' repeats a tool call like a model stuck in a loop, "
+                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model, "
                 "'remember <fact>' saves a note with the memory tool "
                 "('remember about me: <fact>' for the user profile). "
                 "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "

@@ -1526,16 +1526,9 @@ def memory_tool(action: str, target: str, content: str | None = None,
 def find_memory_threats(text: str) -> list[str]:
     """Sorted ids of what makes `text` unfit to be remembered; [] when it is clean.
     s04's find_injection() plus STRICT_THREAT_PATTERNS: the stricter rules for text the
-    agent writes into its own future prompts (memory here, skills in s08). The strict
-    rules read the words folded, as s04's rules do, and also as written: folding moves
-    a tag's inside to the end, so `<https://…>` would leave its line."""
-    text = text[:_SCAN_MAX_CHARS]
-    # Markdown shows `\_` as `_`: `authorized\_keys` is authorized_keys. (fold_text()
-    # drops the backslash and then the `_` after it, as it drops __emphasis__.)
-    normal = normalise_text(text).replace("\\_", "_")
-    views = (fold_text(normal), normal.lower())
-    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS
-              if any(rule.search(view) for view in views)}
+    agent writes into its own future prompts (memory here, skills in s08)."""
+    folded = fold_text(normalise_text(text[:_SCAN_MAX_CHARS]))
+    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS if rule.search(folded)}
     return sorted(strict.union(find_injection(text)))
 
 
@@ -1678,22 +1671,19 @@ def read_entries(path: Path) -> list[str]:
 
 def read_memory_file(path: Path) -> str | None:
     """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written. A link is refused, as s04 refuses linked context files:
-    the atomic write would follow it and replace whatever file it points to."""
-    name = path.name
+    tool cannot have written: it is reported and never overwritten. A link is refused, as
+    s04 refuses linked context files: the atomic write would follow it."""
+    if path.is_symlink():
+        raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
-        if path.is_symlink():
-            raise MemoryFileError(f"{name} is a symbolic link; memory files must be regular files")
-        if not path.exists():
-            return None
-        if not path.is_file():
-            raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
         text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise MemoryFileError(f"{name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+    except (FileNotFoundError, NotADirectoryError):     # not there yet: the write will say
+        return None
     except UnicodeDecodeError as exc:
-        raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+        raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise MemoryFileError(f"{path.name} could not be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
@@ -4131,20 +4121,16 @@ DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backo
 
 
 def show_memory(session: Session, argument: str) -> None:
-    """Both memory files as they are on disk now (this session's prompt may be older),
-    their entries and how full they are."""
+    """/memory: both memory files as they are on disk now (this session's prompt may be
+    older), their entries and how full they are."""
     store = MemoryStore(hermes_home())
-    console.print(Text(f"memory files in {store.folder}", style="dim"))
     for target, name in MEMORY_FILES.items():
         try:
             entries = store.entries(target)
         except MemoryFileError as exc:
             console.print(Text(f"{name}: error: {exc}; it is left as it is", style="red"))
             continue
-        full = len(ENTRY_DELIMITER.join(entries)) * 100 // char_limit(target)
-        count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
-        console.print(Text(f"{name}: {count}, {usage(entries, target)} ({full}% full)",
-                           style="bold"))
+        console.print(Text(f"{name}: {usage(entries, target)}", style="bold"))
         for number, entry in enumerate(entries, start=1):
             findings = find_memory_threats(entry)     # written around the memory tool
             mark = f"   [kept out of prompts: {', '.join(findings)}]" if findings else ""
@@ -4167,27 +4153,20 @@ def demo_turn(session: Session, line: str) -> bool:
 
 
 def demo_memory(template: Session) -> bool:
-    """The demo's story: save, look at the disk and the prompts, then two refusals."""
+    """The demo's story: save, look at the prompts, then two refusals."""
     first = new_demo_session(template)
     before = first.messages[0]["content"]
-    console.print(Text(f"\nSession 1 starts with no memory files; a memory section in its "
-                       f"prompt: {'## Memory' in before}", style="bold"))
     if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
         return False
-    console.print(Text("\n/memory: the facts are on disk at once.", style="bold"))
-    show_memory(first, "")
-    console.print(Text(f"The running prompt is unchanged: "
+    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
                        f"{first.messages[0]['content'] == before}", style="bold"))
-    second = new_demo_session(template)
     section = memory_snapshot_section(hermes_home())
-    console.print(Text("\nSession 2 reads the files when it starts. Its prompt holds:",
+    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
                        style="bold"))
     console.print(Text(section, style="dim"))
-    console.print(Text(f"in the new session's prompt: {section in second.messages[0]['content']}",
-                       style="bold"))
     console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
                        style="bold"))
-    if not all(demo_turn(second, line) for line in DEMO_INPUTS[2:]):
+    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
         return False
     console.print(Text(f"the memory files are unchanged: "
                        f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
