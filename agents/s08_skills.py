@@ -20,18 +20,16 @@ What this stage adds
                                         front matter, find_memory_threats() ─▶ atomic write
 
 Reading guide
-    Start right below the imports: "[s08] Skills" is this stage's lesson:
-    skills_index_section() makes the index that build_system_prompt() adds; skill_view()
-    and skill_manage() are the tools; skill_folder() and check_skill_text() are the
-    guards. "[s08] Skill details" is the hardening: reading SKILL.md, checking the front
-    matter, listing the folder. Earlier stages follow, newest first, then the plumbing
-    (/skills is under "[s08] Skill commands"); the wiring registers the three tools.
+    Start right below the imports: "[s08] Skills" is this stage's lesson: the index
+    (skills_index_section()), the tools (skill_view(), skill_manage()) and the guards
+    (skill_folder(), check_skill_text()); "[s08] Skill details" holds their helpers.
+    Earlier stages follow, newest first, then the plumbing (/skills is under "[s08] Skill
+    commands"); the wiring registers the three tools.
     Changed in earlier stages' sections: build_system_prompt() in [s04]; and 6 definitions
     of the plumbing (python course/build.py --changes s08 lists them all).
 Run
     python agents/s08_skills.py                 # REPL (offline model without a key)
     python agents/s08_skills.py --demo          # the walk-through
-    printf 'skills\n/skills\n' | python agents/s08_skills.py
 Chapter
     docs/en/s08-skills.md
 """
@@ -2448,9 +2446,8 @@ The offline model understands:
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)
@@ -2630,18 +2627,14 @@ def run_demo(session: Session) -> int:
             console.print(Text("1. The model saves a procedure that worked as a skill.",
                                style="bold"))
             create = {"action": "create", "name": "release-notes", "content": DEMO_SKILL}
-            if not demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create)):
-                return 1
+            demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create))
             console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
                                "body; the model loads the body when a task needs it:", style="bold"))
             second = restarted_session(session)
             console.print(Text(skills_part(second.messages[0]["content"]), style="dim"))
-            for line in DEMO_INPUTS:
-                demo_turn(second, line)
-            console.print(Text("\n3. A poisoned skill is refused; nothing is written.",
-                               style="bold"))
             poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}
-            demo_turn(second, "call skill_manage " + json.dumps(poisoned))
+            for line in DEMO_INPUTS + ["call skill_manage " + json.dumps(poisoned)]:
+                demo_turn(second, line)
         finally:
             if saved_home is None:
                 os.environ.pop("LEARN_HERMES_HOME", None)
@@ -3062,8 +3055,7 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "the file tools, 'call <tool> <json>' sends a raw tool call, "
                 "'search <words>' searches earlier sessions, 'prompt' describes my "
                 "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind> [times]' makes my endpoint fail, "
-                "'retry <input>' repeats a tool call like a model stuck in a loop, "
+                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model, "
                 "'remember <fact>' saves a note with the memory tool "
                 "('remember about me: <fact>' for the user profile), "
                 "'skills' lists the skills and 'skill <name>' loads one. "
