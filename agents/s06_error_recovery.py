@@ -19,8 +19,8 @@ What this stage adds
 Reading guide
     Start right below the imports: "[s06] Error recovery" is this stage's lesson, then
     "[s06] Iteration budget" and "[s06] Tool-call guardrails"; "[s06] Recovery details"
-    holds their messages. Earlier stages follow, newest first, then the plumbing
-    (/recovery is under "[s06] Error recovery commands") and the wiring.
+    holds their helpers (Retry-After, the one-line errors, the guardrails' messages).
+    Earlier stages follow, newest first, then the plumbing and the wiring.
     Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01]; and
     12 definitions of the plumbing (python course/build.py --changes s06 lists them all).
 Run
@@ -2633,7 +2633,7 @@ def stubborn_rerun(messages: list, counter: list):
     whatever the result. Once a guardrail blocks it, change a terminal command a
     little each time (a comment), so only the same-tool count can stop it."""
     start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
-    calls = messages[-2].get("tool_calls") or [{"id": ""}] if len(messages) > 1 else [{"id": ""}]
+    calls = (messages[-2].get("tool_calls") if len(messages) > 1 else None) or [{"id": ""}]
     if not str(messages[start].get("content")).startswith("retry ") \
             or not calls[0]["id"].startswith("call_retry_"):
         return None

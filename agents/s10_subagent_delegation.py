@@ -4743,7 +4743,7 @@ def stubborn_rerun(messages: list, counter: list):
     whatever the result. Once a guardrail blocks it, change a terminal command a
     little each time (a comment), so only the same-tool count can stop it."""
     start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
-    calls = messages[-2].get("tool_calls") or [{"id": ""}] if len(messages) > 1 else [{"id": ""}]
+    calls = (messages[-2].get("tool_calls") if len(messages) > 1 else None) or [{"id": ""}]
     if not str(messages[start].get("content")).startswith("retry ") \
             or not calls[0]["id"].startswith("call_retry_"):
         return None
