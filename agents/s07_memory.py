@@ -22,16 +22,14 @@ What this stage adds
 Reading guide
     Start right below the imports: "[s07] Memory" is this stage's lesson: memory_tool()
     is the tool, find_memory_threats() the scan, MemoryStore the files,
-    memory_snapshot_section() the prompt's part (build_system_prompt() in "[s04] The
-    system prompt" calls it). "[s07] Memory details" is the hardening: a corrupt file,
-    matching old_text, the strict rule table. Earlier stages follow, newest first, then
-    the plumbing (/memory is under "[s07] Memory commands"); the wiring registers the tool.
+    memory_snapshot_section() the prompt's part; "[s07] Memory details" holds their
+    helpers. Earlier stages follow, newest first, then the plumbing (/memory is under
+    "[s07] Memory commands"); the wiring registers the tool.
     Changed in earlier stages' sections: build_system_prompt() in [s04]; and 6 definitions
     of the plumbing (python course/build.py --changes s07 lists them all).
 Run
     python agents/s07_memory.py                 # REPL (offline model without a key)
     python agents/s07_memory.py --demo          # the walk-through
-    printf 'remember the tests use pytest\n/memory\n' | python agents/s07_memory.py
 Chapter
     docs/en/s07-memory.md
 """
@@ -114,16 +112,9 @@ def memory_tool(action: str, target: str, content: str | None = None,
 def find_memory_threats(text: str) -> list[str]:
     """Sorted ids of what makes `text` unfit to be remembered; [] when it is clean.
     s04's find_injection() plus STRICT_THREAT_PATTERNS: the stricter rules for text the
-    agent writes into its own future prompts (memory here, skills in s08). The strict
-    rules read the words folded, as s04's rules do, and also as written: folding moves
-    a tag's inside to the end, so `<https://…>` would leave its line."""
-    text = text[:_SCAN_MAX_CHARS]
-    # Markdown shows `\_` as `_`: `authorized\_keys` is authorized_keys. (fold_text()
-    # drops the backslash and then the `_` after it, as it drops __emphasis__.)
-    normal = normalise_text(text).replace("\\_", "_")
-    views = (fold_text(normal), normal.lower())
-    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS
-              if any(rule.search(view) for view in views)}
+    agent writes into its own future prompts (memory here, skills in s08)."""
+    folded = fold_text(normalise_text(text[:_SCAN_MAX_CHARS]))
+    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS if rule.search(folded)}
     return sorted(strict.union(find_injection(text)))
 
 
@@ -266,22 +257,19 @@ def read_entries(path: Path) -> list[str]:
 
 def read_memory_file(path: Path) -> str | None:
     """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written. A link is refused, as s04 refuses linked context files:
-    the atomic write would follow it and replace whatever file it points to."""
-    name = path.name
+    tool cannot have written: it is reported and never overwritten. A link is refused, as
+    s04 refuses linked context files: the atomic write would follow it."""
+    if path.is_symlink():
+        raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
-        if path.is_symlink():
-            raise MemoryFileError(f"{name} is a symbolic link; memory files must be regular files")
-        if not path.exists():
-            return None
-        if not path.is_file():
-            raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
         text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise MemoryFileError(f"{name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+    except (FileNotFoundError, NotADirectoryError):     # not there yet: the write will say
+        return None
     except UnicodeDecodeError as exc:
-        raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+        raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise MemoryFileError(f"{path.name} could not be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
@@ -372,22 +360,32 @@ class ApiErrorClass(NamedTuple):
     retry_after: float | None           # seconds the endpoint asked us to wait, if it did
 
 
+# An HTTP error's category by its status (any other 5xx: "server", 4xx: "bad_request"),
+# unless its code says more: OpenAI answers both "slow down" and "your credit is gone"
+# with 429, and a conversation too long for the model with a plain 400.
+STATUS_CATEGORIES = {401: "auth", 402: "billing", 403: "auth", 404: "model_not_found",
+                     408: "timeout", 413: "context_overflow", 429: "rate_limit",
+                     501: "bad_request"}    # 501: the server has no such API at all
+ERROR_CODES = {"insufficient_quota": "billing", "context_length_exceeded": "context_overflow"}
+
+
 def classify_api_error(exc: Exception) -> ApiErrorClass:
     """What went wrong with a model call, and whether sending it again can help.
     The exception's class says whether there was an answer; the status and the
-    error's words say what the answer meant (see status_category())."""
-    status = None
+    error's code say what the answer meant."""
+    status = getattr(exc, "status_code", None)
     if isinstance(exc, openai.APITimeoutError):         # a kind of APIConnectionError
         category = "timeout"
     elif isinstance(exc, openai.APIConnectionError):
         category = "connection"
     elif isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        category = status_category(status, error_text(exc))
+        category = ERROR_CODES.get(str(exc.code)) or STATUS_CATEGORIES.get(
+            status, "server" if status >= 500 else "bad_request")
     else:                                               # not even an HTTP error
         category = "unknown"
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     return ApiErrorClass(category, API_ERROR_RETRYABLE[category], status,
-                         retry_after_seconds(response_headers(exc)))
+                         retry_after_seconds(headers))
 
 
 def show_recovery_note(line: str) -> None:
@@ -424,24 +422,18 @@ def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) ->
 
 def call_model(client, model: str, messages: list, tools: list,
                policy: RetryPolicy | None = None):
-    """One model call of the agent loop, and what to do if it fails: compress a
-    conversation that no longer fits (once), retry what may work later with a
-    growing wait, and when the retries are used up try the fallback once. An error
-    that retrying cannot fix goes straight up to run_turn(), which prints one line."""
+    """One model call of the agent loop, and what to do if it fails: retry what may
+    work later with a growing wait, and when the retries are used up try the fallback
+    once. An error that retrying cannot fix goes straight up to run_turn(), which
+    prints one line."""
     policy = policy or RetryPolicy()
-    retries, compressed = 0, False
+    retries = 0
     while True:
         try:
             return client.chat.completions.create(
                 model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
         except openai.OpenAIError as exc:
             error = classify_api_error(exc)
-            if error.category == "context_overflow" and not compressed:
-                compressed = True
-                if compress_for_overflow(client, model, messages):
-                    policy.notify("[context_overflow: the conversation was compressed; "
-                                  "sending it once more]")
-                    continue
             if not error.retryable:
                 raise
             if retries >= policy.max_retries:
@@ -463,9 +455,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
     if policy.fallback_client is None:
         raise failure
     model = policy.fallback_model or model
-    used_up = {0: "no retries allowed", 1: "1 retry used up"}.get(
-        policy.max_retries, f"{policy.max_retries} retries used up")
-    policy.notify(f"[{used_up}: trying the fallback, {model} at "
+    policy.notify(f"[{policy.max_retries} retries used up: trying the fallback, {model} at "
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
@@ -473,13 +463,6 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
     except openai.OpenAIError as exc:
         policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
         raise failure from exc
-
-
-def compress_for_overflow(client, model: str, messages: list) -> bool:
-    """Shorten `messages` in place so that they fit the model; False if that is
-    impossible. call_model() uses it once, when the endpoint says "too long"."""
-    report = compress_context(client, model, messages, force=True)
-    return bool(report["pruned"] or report["summarised"])
 
 # ── [s06] Iteration budget ──────────────────────────────────────────────────
 
@@ -589,16 +572,13 @@ class ToolCallGuardrails:
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
         signature = call_signature(name, args)
-        if tool_call_failed(name, result):
-            return self.count_failure(name, signature)
-        if tool_may_have_side_effect(name):     # something may have changed: retrying an
-            self.exact_failures.clear()         # old failure is a new experiment now
-            self.tool_failures.clear()
-        self.exact_failures.pop(signature, None)
-        self.tool_failures.pop(name, None)
-        return None
-
-    def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
+        if not tool_call_failed(name, result):
+            if tool_may_have_side_effect(name):     # something may have changed: retrying
+                self.exact_failures.clear()         # an old failure is a new experiment now
+                self.tool_failures.clear()
+            self.exact_failures.pop(signature, None)
+            self.tool_failures.pop(name, None)
+            return None
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
         if same >= self.thresholds["same_tool_failure"][1]:
@@ -616,58 +596,13 @@ class ToolCallGuardrails:
 
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
-    seconds. None when absent or not a number of seconds (the hardened edition also
-    reads an HTTP date, counted from `now`)."""
+    """The seconds an endpoint's `Retry-After` asks us to wait; None when absent or not a
+    number (the hardened edition also reads `retry-after-ms` and an HTTP date)."""
     try:
-        if headers.get("retry-after-ms") is not None:
-            seconds = float(headers["retry-after-ms"]) / 1000
-        else:
-            seconds = float(headers.get("retry-after"))
+        seconds = float(headers.get("retry-after"))
     except (ValueError, TypeError):                     # absent, a date, or no number
         return None
     return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def response_headers(exc: Exception):
-    """The headers of the endpoint's answer (an httpx Headers: any letter case), or {}."""
-    response = getattr(exc, "response", None)
-    return getattr(response, "headers", None) or {}
-
-
-def error_text(exc: Exception) -> str:
-    """Everything an error says, in lower case: its message and the code in its body."""
-    parts = [str(exc), getattr(exc, "code", None), getattr(exc, "type", None)]
-    return " ".join(str(part) for part in parts if part).lower()
-
-
-# Words in an error that change its meaning. OpenAI answers both "slow down" and
-# "your credit is gone" with 429; only the words tell them apart.
-_CONTEXT_OVERFLOW = re.compile(r"context_length_exceeded|context length|context window"
-                               r"|maximum context|prompt is too long|too many tokens"
-                               r"|reduce the length|max_model_len")
-_BILLING = re.compile(r"insufficient_quota|exceeded your current quota|insufficient (?:credit"
-                      r"|balance|funds)|payment required|credit balance|billing hard limit")
-
-
-def status_category(status: int, text: str) -> str:
-    """The category of an HTTP error: the status, refined by the error's words
-    where one status means two things."""
-    if status == 413 or (status == 400 and _CONTEXT_OVERFLOW.search(text)):
-        return "context_overflow"
-    if status == 402 or (status in (400, 403, 429) and _BILLING.search(text)):
-        return "billing"
-    if status == 429:
-        return "rate_limit"
-    if status in (401, 403):
-        return "auth"
-    if status == 404:
-        return "model_not_found"
-    if status == 408:
-        return "timeout"
-    if status >= 500 and status != 501:       # 501: the server has no such API at all
-        return "server"
-    return "bad_request"
 
 
 def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
@@ -675,13 +610,11 @@ def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
     categories it cannot tell from a rate limit or a bad request."""
     category = classify_api_error(exc).category
     if category == "billing":
-        return (f"The endpoint {base_url} says this account has no quota or credit left "
-                f"({first_line(getattr(exc, 'message', exc), 120)}). Check the plan and "
-                f"billing; retrying cannot fix this.")
+        return (f"The endpoint {base_url} says this account has no quota or credit left. "
+                f"Check the plan and billing; retrying cannot fix this.")
     if category == "context_overflow":
-        return (f"The conversation no longer fits the context window of '{model}', and it "
-                f"could not be compressed. Start a new session, or choose a model with a "
-                f"longer context.")
+        return (f"The conversation no longer fits the context window of '{model}'. Try "
+                f"/compress, a new session, or a model with a longer context.")
     return describe_api_error(exc, base_url, model)
 
 
@@ -2110,9 +2043,8 @@ The offline model understands:
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)"""
@@ -2270,10 +2202,8 @@ DEMO_INPUTS = ["remember The tests run with: pytest -n 0 -q",
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    start = current_directory()             # None if it was deleted: then there is no way back
     saved_home = os.environ.get("LEARN_HERMES_HOME")
     with tempfile.TemporaryDirectory(prefix="s07-demo-") as folder:
-        os.chdir(folder)                    # no project files of yours in these prompts
         os.environ["LEARN_HERMES_HOME"] = folder    # the demo's memory files, not yours
         try:
             return 0 if demo_memory(session) else 1
@@ -2282,8 +2212,6 @@ def run_demo(session: Session) -> int:
                 os.environ.pop("LEARN_HERMES_HOME", None)
             else:
                 os.environ["LEARN_HERMES_HOME"] = saved_home
-            if start is not None:
-                os.chdir(start)
 
 
 def positive_int(text: str) -> int:
@@ -2306,10 +2234,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
     parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES,
-                        help=f"retries of a failed model call (default {API_MAX_RETRIES})")
+                        help="retries of a failed model call")
     parser.add_argument("--fallback-model", help="tried once when the retries are used up")
-    parser.add_argument("--fallback-base-url",
-                        help="endpoint for the fallback (default: the same endpoint)")
+    parser.add_argument("--fallback-base-url", help="endpoint for the fallback")
     known = ", ".join(REGISTRY.toolsets())
     parser.add_argument("--toolsets", type=toolset_list, help=f"offer only these ({known})")
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
@@ -2558,19 +2485,13 @@ DEMO_CONTEXT_LENGTH = 1_000             # tokens: small enough to compress after
 def show_recovery(session: Session, argument: str) -> None:
     """/recovery: what this session does when a model call fails or loops."""
     policy = session.recovery
-    fallback = "none (--fallback-model, --fallback-base-url)" if policy.fallback_client is None \
+    fallback = "none" if policy.fallback_client is None \
         else f"{policy.fallback_model or session.model} at {policy.fallback_client.base_url}"
-    limits = "; ".join(f"{kind} warn {warn}, stop {stop}"
-                       for kind, (warn, stop) in GUARDRAIL_THRESHOLDS.items())
-    for name, value in (
-            ("retries", f"{policy.max_retries} per model call, waiting {policy.base_delay:g} s, "
-                        f"doubling up to {policy.max_delay:g} s, plus up to "
-                        f"{RETRY_JITTER:.0%} jitter; Retry-After honoured up to "
-                        f"{MAX_RETRY_AFTER:g} s"),
-            ("fallback", fallback),
-            ("budget", f"{session.max_iterations} model calls per turn (--max-iterations)"),
-            ("guardrails", limits)):
-        console.print(Text(f"  {name:<11} {value}"))
+    console.print(Text(f"  retries     {policy.max_retries} per model call, waiting "
+                       f"{policy.base_delay:g} s, doubling up to {policy.max_delay:g} s\n"
+                       f"  fallback    {fallback}\n"
+                       f"  budget      {session.max_iterations} model calls per turn\n"
+                       f"  guardrails  (warn, stop) {GUARDRAIL_THRESHOLDS}"))
 
 
 COMMANDS["/recovery"] = show_recovery
@@ -2584,22 +2505,11 @@ def non_negative_int(text: str) -> int:
 
 
 def retry_policy_from_args(args, session: Session) -> RetryPolicy:
-    """--max-retries, and a fallback if either fallback flag is given: a model on the
-    same endpoint, the same model elsewhere, or both. The key is OPENAI_API_KEY."""
-    fallback_client = None
-    if args.fallback_base_url:
-        fallback_client = make_client(args.fallback_base_url, os.environ.get("OPENAI_API_KEY"))
-    elif args.fallback_model:
-        fallback_client = session.client
+    """--max-retries, and a fallback if a fallback flag is given. The key is OPENAI_API_KEY."""
+    fallback_client = make_client(args.fallback_base_url, os.environ.get("OPENAI_API_KEY")) \
+        if args.fallback_base_url else session.client if args.fallback_model else None
     return RetryPolicy(max_retries=args.max_retries, fallback_client=fallback_client,
                        fallback_model=args.fallback_model)
-
-
-def every_call_answered(messages: list) -> bool:
-    """True if every tool call in `messages` has exactly one result."""
-    calls = [call["id"] for m in messages for call in m.get("tool_calls") or []]
-    results = [m.get("tool_call_id") for m in messages if m.get("role") == "tool"]
-    return sorted(calls) == sorted(results)
 
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
@@ -2608,20 +2518,16 @@ DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backo
 
 
 def show_memory(session: Session, argument: str) -> None:
-    """Both memory files as they are on disk now (this session's prompt may be older),
-    their entries and how full they are."""
+    """/memory: both memory files as they are on disk now (this session's prompt may be
+    older), their entries and how full they are."""
     store = MemoryStore(hermes_home())
-    console.print(Text(f"memory files in {store.folder}", style="dim"))
     for target, name in MEMORY_FILES.items():
         try:
             entries = store.entries(target)
         except MemoryFileError as exc:
             console.print(Text(f"{name}: error: {exc}; it is left as it is", style="red"))
             continue
-        full = len(ENTRY_DELIMITER.join(entries)) * 100 // char_limit(target)
-        count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
-        console.print(Text(f"{name}: {count}, {usage(entries, target)} ({full}% full)",
-                           style="bold"))
+        console.print(Text(f"{name}: {usage(entries, target)}", style="bold"))
         for number, entry in enumerate(entries, start=1):
             findings = find_memory_threats(entry)     # written around the memory tool
             mark = f"   [kept out of prompts: {', '.join(findings)}]" if findings else ""
@@ -2644,27 +2550,20 @@ def demo_turn(session: Session, line: str) -> bool:
 
 
 def demo_memory(template: Session) -> bool:
-    """The demo's story: save, look at the disk and the prompts, then two refusals."""
+    """The demo's story: save, look at the prompts, then two refusals."""
     first = new_demo_session(template)
     before = first.messages[0]["content"]
-    console.print(Text(f"\nSession 1 starts with no memory files; a memory section in its "
-                       f"prompt: {'## Memory' in before}", style="bold"))
     if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
         return False
-    console.print(Text("\n/memory: the facts are on disk at once.", style="bold"))
-    show_memory(first, "")
-    console.print(Text(f"The running prompt is unchanged: "
+    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
                        f"{first.messages[0]['content'] == before}", style="bold"))
-    second = new_demo_session(template)
     section = memory_snapshot_section(hermes_home())
-    console.print(Text("\nSession 2 reads the files when it starts. Its prompt holds:",
+    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
                        style="bold"))
     console.print(Text(section, style="dim"))
-    console.print(Text(f"in the new session's prompt: {section in second.messages[0]['content']}",
-                       style="bold"))
     console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
                        style="bold"))
-    if not all(demo_turn(second, line) for line in DEMO_INPUTS[2:]):
+    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
         return False
     console.print(Text(f"the memory files are unchanged: "
                        f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
@@ -2681,8 +2580,7 @@ OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
                 "the file tools, 'call <tool> <json>' sends a raw tool call, "
                 "'search <words>' searches earlier sessions, 'prompt' describes my "
                 "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind> [times]' makes my endpoint fail, "
-                "'retry <input>' repeats a tool call like a model stuck in a loop, "
+                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model, "
                 "'remember <fact>' saves a note with the memory tool "
                 "('remember about me: <fact>' for the user profile). "
                 "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
@@ -2887,63 +2785,59 @@ def describe_context(messages: list) -> str:
     return text + "One summary replaced the middle:\n" + summary[len(SUMMARY_PREFIX):].strip()
 
 
-# 'fail <kind>': what the offline endpoint answers instead (status, error code, message,
-# headers), as OpenAI words it. "connection" hangs up without any answer.
-OFFLINE_FAILURES = {
-    "rate_limit": (429, "rate_limit_exceeded", "Rate limit reached for requests. Please try "
-                   "again in 0.1s.", {"Retry-After": "0.1"}),
-    "billing": (429, "insufficient_quota", "You exceeded your current quota, please check "
-                "your plan and billing details.", {}),
-    "auth": (401, "invalid_api_key", "Incorrect API key provided.", {}),
-    "model_not_found": (404, "model_not_found", "The model does not exist or you do not "
-                        "have access to it.", {}),
-    "context_overflow": (400, "context_length_exceeded", "This model's maximum context "
-                         "length is 8192 tokens; your messages resulted in 9000 tokens.", {}),
-    "bad_request": (400, None, "Invalid value for 'messages'.", {}),
-    "server": (500, None, "The server had an error while processing your request.", {}),
-    "connection": None,
-}
+# 'fail <kind>': what the offline endpoint answers instead: (status, error code, headers).
+# "connection" hangs up without any answer.
+OFFLINE_FAILURES = {"rate_limit": (429, "rate_limit_exceeded", {"Retry-After": "0.1"}),
+                    "billing": (429, "insufficient_quota", {}),
+                    "auth": (401, "invalid_api_key", {}),
+                    "model_not_found": (404, "model_not_found", {}),
+                    "context_overflow": (400, "context_length_exceeded", {}),
+                    "bad_request": (400, None, {}), "server": (500, None, {}),
+                    "connection": None}
+
+
+def failure_asked(text: str):
+    """'fail <kind> [times]' as (kind, times), or the reply that says what is wrong."""
+    words = text.split()
+    kind = words[1] if len(words) > 1 else ""
+    if kind not in OFFLINE_FAILURES:
+        return f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."
+    if len(words) > 3 or len(words) == 3 and not (words[2].isdecimal() and int(words[2]) > 0):
+        return f"fail {kind} how many times? A count of 1 or more, e.g. fail {kind} 3."
+    return kind, int(words[2]) if len(words) == 3 else 1
 
 
 def offline_failure(request: dict, failures: dict):
     """For 'fail <kind> [times]': the failure to send instead of an answer, until this
-    request has failed `times` times (default 1). A request is known by its last
-    message and how often that message was sent before, so a retry, even of a
-    shortened conversation, is the same request. Only the model "offline" fails: a
-    fallback model on the same server (the demo's offline-backup) is healthy."""
-    messages = request.get("messages") or []
-    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
-    words = str(last.get("content") or "").split()
+    request has failed `times` times. A request is known by its last message and how
+    often that message was sent, so a retry is the same request. Only the model
+    "offline" fails: a fallback model on the same server (offline-backup) is healthy."""
+    messages = request.get("messages") or [{}]
+    last = messages[-1] if isinstance(messages[-1], dict) else {}
+    text = str(last.get("content"))
+    asked = failure_asked(text) if text.startswith("fail ") else None
     if request.get("model") != "offline" or last.get("role") != "user" \
-            or not 2 <= len(words) <= 3 or words[0] != "fail" or words[1] not in OFFLINE_FAILURES:
+            or not isinstance(asked, tuple):
         return None
-    times = 1 if len(words) == 2 else int(words[2]) if words[2].isdecimal() else 0  # 0: refused
-    key = (last["content"], sum(1 for m in messages if m == last))
-    done = failures.get(key, 0)
-    if done >= times:
+    key, (kind, times) = (text, messages.count(last)), asked
+    if failures.get(key, 0) >= times:
         return None
-    failures[key] = done + 1
-    if OFFLINE_FAILURES[words[1]] is None:
+    failures[key] = failures.get(key, 0) + 1
+    if OFFLINE_FAILURES[kind] is None:
         return "connection"
-    status, code, message, headers = OFFLINE_FAILURES[words[1]]
-    return status, {"error": {"message": message, "type": "offline_failure", "code": code}}, \
-        headers
+    status, code, headers = OFFLINE_FAILURES[kind]
+    error = {"message": f"The offline endpoint failed as asked ({kind}).",
+             "type": "offline_failure", "code": code}
+    return status, {"error": error}, headers
 
 
 def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
-    verb, _, rest = text.partition(" ")
-    if verb == "fail":
-        words = rest.split()
-        kind = words[0] if words else ""
-        if kind not in OFFLINE_FAILURES:
-            return {"content": f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."}
-        if words[1:] and not (len(words) == 2 and words[1].isdecimal() and int(words[1]) > 0):
-            return {"content": f"fail {kind} how many times? A count of 1 or more, e.g. "
-                               f"fail {kind} 3."}
-        return {"content": f"This answer got through: the endpoint failed ({kind}) as "
-                           f"asked, and the agent recovered."}
-    plan = offline_plan(rest.strip())
+    if text.startswith("fail "):
+        asked = failure_asked(text)
+        return {"content": asked if isinstance(asked, str) else f"This answer got through: "
+                           f"the endpoint failed ({asked[0]}) as asked, and the agent recovered."}
+    plan = offline_plan(text.removeprefix("retry ").strip())
     if plan is None or isinstance(plan[1], str):
         return {"content": "retry what? Try: retry $ ls no-such-file"}
     counter[0] += 1
@@ -2956,23 +2850,19 @@ def stubborn_rerun(messages: list, counter: list):
     """After 'retry <input>', like a model stuck in a loop: send the same call again,
     whatever the result. Once a guardrail blocks it, change a terminal command a
     little each time (a comment), so only the same-tool count can stop it."""
-    user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
-    assistant = next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
-    calls = assistant.get("tool_calls") or []
-    if not str(user.get("content")).startswith("retry ") or len(calls) != 1 \
+    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    calls = (messages[-2].get("tool_calls") if len(messages) > 1 else None) or [{"id": ""}]
+    if not str(messages[start].get("content")).startswith("retry ") \
             or not calls[0]["id"].startswith("call_retry_"):
         return None
     function = dict(calls[0]["function"])
-    command = str((parse_result(function["arguments"]) or {}).get("command"))
-    change = " # attempt " in command or '"guardrail"' in str(messages[-1].get("content"))
-    if change and function["name"] != "terminal":
-        return None                             # a blocked read: give up and summarise
-    counter[0] += 1
-    if change:
-        base = command.split(" # attempt ")[0]
-        start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    if '"guardrail"' in str(messages[-1].get("content")) or "# attempt" in function["arguments"]:
+        if function["name"] != "terminal":
+            return None                             # a blocked read: give up and summarise
+        base = json.loads(function["arguments"])["command"].split(" # attempt ")[0]
         attempt = 1 + sum(m.get("role") == "assistant" for m in messages[start:])  # this turn
         function["arguments"] = json.dumps({"command": f"{base} # attempt {attempt}"})
+    counter[0] += 1
     return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
                                            "function": function}]}
 

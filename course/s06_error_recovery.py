@@ -7,32 +7,26 @@ What this stage adds
     Every model call of the loop goes through call_model(); classify_api_error() sorts
     a failure. What may work later (429, 5xx, a timeout, a dropped connection) is
     retried with a growing, jittered wait or after Retry-After, then an optional
-    fallback model gets one try. A bad key, no credit, an unknown model or a bad request
-    is not retried; a conversation too long for the model is compressed and sent again.
-    Each turn gets an IterationBudget, and ToolCallGuardrails watch for tool-call loops.
+    fallback model gets one try; anything else ends the turn with one line. Each turn
+    gets an IterationBudget, and ToolCallGuardrails watch for tool-call loops.
 
     call_model() ─ ok ────────────────────────────────────────────────▶ the answer
         │ error: classify_api_error()
         ├─ rate_limit, server, timeout, connection ─▶ wait (Retry-After, or 2 s, 4 s,
         │      8 s … + jitter) and retry; used up ─▶ fallback, once
-        ├─ context_overflow ─▶ compress, retry once
-        └─ auth, billing, model_not_found, bad_request ─▶ one line
+        └─ auth, billing, model_not_found, context_overflow, bad_request ─▶ one line
     tool call ─▶ before_call(): failed 5× exactly so ─▶ not run
                  after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
 
 Reading guide
-    Start right below the imports: "[s06] Error recovery" is this stage's lesson:
-    call_model() and classify_api_error(), then "[s06] Iteration budget" (IterationBudget)
-    and "[s06] Tool-call guardrails" (ToolCallGuardrails). "[s06] Recovery details"
-    holds their helpers (Retry-After, the error words, the guardrails' messages). Earlier
-    stages follow, newest first (the loop's changes are in "[s01] The agent loop"), then
-    the plumbing (/recovery is under "[s06] Error recovery commands") and the wiring.
+    Start right below the imports: "[s06] Error recovery" is this stage's lesson, then
+    "[s06] Iteration budget" and "[s06] Tool-call guardrails"; "[s06] Recovery details"
+    holds their helpers (Retry-After, the one-line errors, the guardrails' messages).
+    Earlier stages follow, newest first, then the plumbing and the wiring.
     {changed elsewhere}
 Run
     python agents/s06_error_recovery.py                 # REPL (offline model without a key)
     python agents/s06_error_recovery.py --demo          # the walk-through
-    printf 'fail rate_limit\nretry $ ls nothing-here\n' |
-        python agents/s06_error_recovery.py
 Chapter
     docs/en/s06-error-recovery.md
 """
@@ -135,6 +129,37 @@ class ApiErrorClass(NamedTuple):
     retry_after: float | None           # seconds the endpoint asked us to wait, if it did
 
 
+#: teaching
+# An HTTP error's category by its status (any other 5xx: "server", 4xx: "bad_request"),
+# unless its code says more: OpenAI answers both "slow down" and "your credit is gone"
+# with 429, and a conversation too long for the model with a plain 400.
+STATUS_CATEGORIES = {401: "auth", 402: "billing", 403: "auth", 404: "model_not_found",
+                     408: "timeout", 413: "context_overflow", 429: "rate_limit",
+                     501: "bad_request"}    # 501: the server has no such API at all
+ERROR_CODES = {"insufficient_quota": "billing", "context_length_exceeded": "context_overflow"}
+
+
+#: teaching
+def classify_api_error(exc: Exception) -> ApiErrorClass:
+    """What went wrong with a model call, and whether sending it again can help.
+    The exception's class says whether there was an answer; the status and the
+    error's code say what the answer meant."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, openai.APITimeoutError):         # a kind of APIConnectionError
+        category = "timeout"
+    elif isinstance(exc, openai.APIConnectionError):
+        category = "connection"
+    elif isinstance(exc, openai.APIStatusError):
+        category = ERROR_CODES.get(str(exc.code)) or STATUS_CATEGORIES.get(
+            status, "server" if status >= 500 else "bad_request")
+    else:                                               # not even an HTTP error
+        category = "unknown"
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    return ApiErrorClass(category, API_ERROR_RETRYABLE[category], status,
+                         retry_after_seconds(headers))
+
+
+#: hardened
 def classify_api_error(exc: Exception) -> ApiErrorClass:
     """What went wrong with a model call, and whether sending it again can help.
     The exception's class says whether there was an answer; the status and the
@@ -185,6 +210,36 @@ def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) ->
     return delay * (1 + RETRY_JITTER * policy.jitter())
 
 
+#: teaching
+def call_model(client, model: str, messages: list, tools: list,
+               policy: RetryPolicy | None = None):
+    """One model call of the agent loop, and what to do if it fails: retry what may
+    work later with a growing wait, and when the retries are used up try the fallback
+    once. An error that retrying cannot fix goes straight up to run_turn(), which
+    prints one line."""
+    policy = policy or RetryPolicy()
+    retries = 0
+    while True:
+        try:
+            return client.chat.completions.create(
+                model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+        except openai.OpenAIError as exc:
+            error = classify_api_error(exc)
+            if not error.retryable:
+                raise
+            if retries >= policy.max_retries:
+                return call_fallback(client, model, messages, tools, policy, exc)
+            retries += 1
+            delay = backoff_delay(retries, error.retry_after, policy)
+            asked = ", as Retry-After asks" if error.retry_after is not None else ""
+            answer = f"HTTP {error.status}" if error.status else "no answer"
+            cancel = "; Ctrl-C cancels" if retries == 1 else ""   # no need to sit it out
+            policy.notify(f"[{error.category} ({answer}): retry {retries} of "
+                          f"{policy.max_retries} in {delay:.2f} s{asked}{cancel}]")
+            policy.sleep(delay)
+
+
+#: hardened
 def call_model(client, model: str, messages: list, tools: list,
                policy: RetryPolicy | None = None):
     """One model call of the agent loop, and what to do if it fails: compress a
@@ -219,6 +274,25 @@ def call_model(client, model: str, messages: list, tools: list,
             policy.sleep(delay)
 
 
+#: teaching
+def call_fallback(client, model: str, messages: list, tools: list, policy: RetryPolicy,
+                  failure: Exception):
+    """The retries are used up: one try with the fallback, if there is one. If that
+    fails too, the first error goes up, because it names the endpoint you chose."""
+    if policy.fallback_client is None:
+        raise failure
+    model = policy.fallback_model or model
+    policy.notify(f"[{policy.max_retries} retries used up: trying the fallback, {model} at "
+                  f"{policy.fallback_client.base_url}, once]")
+    try:
+        return policy.fallback_client.chat.completions.create(
+            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+    except openai.OpenAIError as exc:
+        policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
+        raise failure from exc
+
+
+#: hardened
 def call_fallback(client, model: str, messages: list, tools: list, policy: RetryPolicy,
                   failure: Exception):
     """The retries are used up: one try with the fallback, if there is one. If that
@@ -238,6 +312,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
         raise failure from exc
 
 
+#: hardened
 def compress_for_overflow(client, model: str, messages: list) -> bool:
     """Shorten `messages` in place so that they fit the model; False if that is
     impossible. call_model() uses it once, when the endpoint says "too long"."""
@@ -365,16 +440,13 @@ class ToolCallGuardrails:
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
         signature = call_signature(name, args)
-        if tool_call_failed(name, result):
-            return self.count_failure(name, signature)
-        if tool_may_have_side_effect(name):     # something may have changed: retrying an
-            self.exact_failures.clear()         # old failure is a new experiment now
-            self.tool_failures.clear()
-        self.exact_failures.pop(signature, None)
-        self.tool_failures.pop(name, None)
-        return None
-
-    def count_failure(self, name: str, signature: tuple) -> GuardrailDecision | None:
+        if not tool_call_failed(name, result):
+            if tool_may_have_side_effect(name):     # something may have changed: retrying
+                self.exact_failures.clear()         # an old failure is a new experiment now
+                self.tool_failures.clear()
+            self.exact_failures.pop(signature, None)
+            self.tool_failures.pop(name, None)
+            return None
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
         if same >= self.thresholds["same_tool_failure"][1]:
@@ -469,14 +541,10 @@ class ToolCallGuardrails:
 
 #: teaching
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The wait an endpoint asked for: `retry-after-ms` (OpenAI's) or `Retry-After` in
-    seconds. None when absent or not a number of seconds (the hardened edition also
-    reads an HTTP date, counted from `now`)."""
+    """The seconds an endpoint's `Retry-After` asks us to wait; None when absent or not a
+    number (the hardened edition also reads `retry-after-ms` and an HTTP date)."""
     try:
-        if headers.get("retry-after-ms") is not None:
-            seconds = float(headers["retry-after-ms"]) / 1000
-        else:
-            seconds = float(headers.get("retry-after"))
+        seconds = float(headers.get("retry-after"))
     except (ValueError, TypeError):                     # absent, a date, or no number
         return None
     return max(0.0, seconds) if math.isfinite(seconds) else None
@@ -513,18 +581,21 @@ def seconds_until(value: str, now: float | None) -> float:
     return when.timestamp() - (time.time() if now is None else now)
 
 
+#: hardened
 def response_headers(exc: Exception):
     """The headers of the endpoint's answer (an httpx Headers: any letter case), or {}."""
     response = getattr(exc, "response", None)
     return getattr(response, "headers", None) or {}
 
 
+#: hardened
 def error_text(exc: Exception) -> str:
     """Everything an error says, in lower case: its message and the code in its body."""
     parts = [str(exc), getattr(exc, "code", None), getattr(exc, "type", None)]
     return " ".join(str(part) for part in parts if part).lower()
 
 
+#: hardened
 # Words in an error that change its meaning. OpenAI answers both "slow down" and
 # "your credit is gone" with 429; only the words tell them apart.
 _CONTEXT_OVERFLOW = re.compile(r"context_length_exceeded|context length|context window"
@@ -534,6 +605,7 @@ _BILLING = re.compile(r"insufficient_quota|exceeded your current quota|insuffici
                       r"|balance|funds)|payment required|credit balance|billing hard limit")
 
 
+#: hardened
 def status_category(status: int, text: str) -> str:
     """The category of an HTTP error: the status, refined by the error's words
     where one status means two things."""
@@ -554,6 +626,21 @@ def status_category(status: int, text: str) -> str:
     return "bad_request"
 
 
+#: teaching
+def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
+    """The one line for a failed turn: s01's describe_api_error(), plus the two
+    categories it cannot tell from a rate limit or a bad request."""
+    category = classify_api_error(exc).category
+    if category == "billing":
+        return (f"The endpoint {base_url} says this account has no quota or credit left. "
+                f"Check the plan and billing; retrying cannot fix this.")
+    if category == "context_overflow":
+        return (f"The conversation no longer fits the context window of '{model}'. Try "
+                f"/compress, a new session, or a model with a longer context.")
+    return describe_api_error(exc, base_url, model)
+
+
+#: hardened
 def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
     """The one line for a failed turn: s01's describe_api_error(), plus the two
     categories it cannot tell from a rate limit or a bad request."""
@@ -633,6 +720,20 @@ def halt_explanation(decision: GuardrailDecision) -> str:
 #: section Error recovery commands | plumbing
 
 
+#: teaching
+def show_recovery(session: Session, argument: str) -> None:
+    """/recovery: what this session does when a model call fails or loops."""
+    policy = session.recovery
+    fallback = "none" if policy.fallback_client is None \
+        else f"{policy.fallback_model or session.model} at {policy.fallback_client.base_url}"
+    console.print(Text(f"  retries     {policy.max_retries} per model call, waiting "
+                       f"{policy.base_delay:g} s, doubling up to {policy.max_delay:g} s\n"
+                       f"  fallback    {fallback}\n"
+                       f"  budget      {session.max_iterations} model calls per turn\n"
+                       f"  guardrails  (warn, stop) {GUARDRAIL_THRESHOLDS}"))
+
+
+#: hardened
 def show_recovery(session: Session, argument: str) -> None:
     """/recovery: what this session does when a model call fails or loops."""
     policy = session.recovery
@@ -661,6 +762,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+#: teaching
+def retry_policy_from_args(args, session: Session) -> RetryPolicy:
+    """--max-retries, and a fallback if a fallback flag is given. The key is OPENAI_API_KEY."""
+    fallback_client = make_client(args.fallback_base_url, os.environ.get("OPENAI_API_KEY")) \
+        if args.fallback_base_url else session.client if args.fallback_model else None
+    return RetryPolicy(max_retries=args.max_retries, fallback_client=fallback_client,
+                       fallback_model=args.fallback_model)
+
+
+#: hardened
 def retry_policy_from_args(args, session: Session) -> RetryPolicy:
     """--max-retries, and a fallback if either fallback flag is given: a model on the
     same endpoint, the same model elsewhere, or both. The key is OPENAI_API_KEY."""
@@ -673,6 +784,7 @@ def retry_policy_from_args(args, session: Session) -> RetryPolicy:
                        fallback_model=args.fallback_model)
 
 
+#: hardened
 def every_call_answered(messages: list) -> bool:
     """True if every tool call in `messages` has exactly one result."""
     calls = [call["id"] for m in messages for call in m.get("tool_calls") or []]
@@ -708,6 +820,94 @@ def recovery_demo_session(template: Session, max_iterations: int) -> Session:
 #: more for Offline model (not part of the lesson)
 
 
+#: teaching
+# 'fail <kind>': what the offline endpoint answers instead: (status, error code, headers).
+# "connection" hangs up without any answer.
+OFFLINE_FAILURES = {"rate_limit": (429, "rate_limit_exceeded", {"Retry-After": "0.1"}),
+                    "billing": (429, "insufficient_quota", {}),
+                    "auth": (401, "invalid_api_key", {}),
+                    "model_not_found": (404, "model_not_found", {}),
+                    "context_overflow": (400, "context_length_exceeded", {}),
+                    "bad_request": (400, None, {}), "server": (500, None, {}),
+                    "connection": None}
+
+
+#: teaching
+def failure_asked(text: str):
+    """'fail <kind> [times]' as (kind, times), or the reply that says what is wrong."""
+    words = text.split()
+    kind = words[1] if len(words) > 1 else ""
+    if kind not in OFFLINE_FAILURES:
+        return f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."
+    if len(words) > 3 or len(words) == 3 and not (words[2].isdecimal() and int(words[2]) > 0):
+        return f"fail {kind} how many times? A count of 1 or more, e.g. fail {kind} 3."
+    return kind, int(words[2]) if len(words) == 3 else 1
+
+
+#: teaching
+def offline_failure(request: dict, failures: dict):
+    """For 'fail <kind> [times]': the failure to send instead of an answer, until this
+    request has failed `times` times. A request is known by its last message and how
+    often that message was sent, so a retry is the same request. Only the model
+    "offline" fails: a fallback model on the same server (offline-backup) is healthy."""
+    messages = request.get("messages") or [{}]
+    last = messages[-1] if isinstance(messages[-1], dict) else {}
+    text = str(last.get("content"))
+    asked = failure_asked(text) if text.startswith("fail ") else None
+    if request.get("model") != "offline" or last.get("role") != "user" \
+            or not isinstance(asked, tuple):
+        return None
+    key, (kind, times) = (text, messages.count(last)), asked
+    if failures.get(key, 0) >= times:
+        return None
+    failures[key] = failures.get(key, 0) + 1
+    if OFFLINE_FAILURES[kind] is None:
+        return "connection"
+    status, code, headers = OFFLINE_FAILURES[kind]
+    error = {"message": f"The offline endpoint failed as asked ({kind}).",
+             "type": "offline_failure", "code": code}
+    return status, {"error": error}, headers
+
+
+#: teaching
+def recovery_reply(text: str, counter: list) -> dict:
+    """'fail …' answered at last, or the first call of 'retry <input>'."""
+    if text.startswith("fail "):
+        asked = failure_asked(text)
+        return {"content": asked if isinstance(asked, str) else f"This answer got through: "
+                           f"the endpoint failed ({asked[0]}) as asked, and the agent recovered."}
+    plan = offline_plan(text.removeprefix("retry ").strip())
+    if plan is None or isinstance(plan[1], str):
+        return {"content": "retry what? Try: retry $ ls no-such-file"}
+    counter[0] += 1
+    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
+                                           "function": {"name": plan[0],
+                                                        "arguments": json.dumps(plan[1])}}]}
+
+
+#: teaching
+def stubborn_rerun(messages: list, counter: list):
+    """After 'retry <input>', like a model stuck in a loop: send the same call again,
+    whatever the result. Once a guardrail blocks it, change a terminal command a
+    little each time (a comment), so only the same-tool count can stop it."""
+    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    calls = (messages[-2].get("tool_calls") if len(messages) > 1 else None) or [{"id": ""}]
+    if not str(messages[start].get("content")).startswith("retry ") \
+            or not calls[0]["id"].startswith("call_retry_"):
+        return None
+    function = dict(calls[0]["function"])
+    if '"guardrail"' in str(messages[-1].get("content")) or "# attempt" in function["arguments"]:
+        if function["name"] != "terminal":
+            return None                             # a blocked read: give up and summarise
+        base = json.loads(function["arguments"])["command"].split(" # attempt ")[0]
+        attempt = 1 + sum(m.get("role") == "assistant" for m in messages[start:])  # this turn
+        function["arguments"] = json.dumps({"command": f"{base} # attempt {attempt}"})
+    counter[0] += 1
+    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
+                                           "function": function}]}
+
+
+#: hardened
 # 'fail <kind>': what the offline endpoint answers instead (status, error code, message,
 # headers), as OpenAI words it. "connection" hangs up without any answer.
 OFFLINE_FAILURES = {
@@ -726,6 +926,7 @@ OFFLINE_FAILURES = {
 }
 
 
+#: hardened
 def offline_failure(request: dict, failures: dict):
     """For 'fail <kind> [times]': the failure to send instead of an answer, until this
     request has failed `times` times (default 1). A request is known by its last
@@ -751,6 +952,7 @@ def offline_failure(request: dict, failures: dict):
         headers
 
 
+#: hardened
 def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
     verb, _, rest = text.partition(" ")
@@ -773,6 +975,7 @@ def recovery_reply(text: str, counter: list) -> dict:
                                                         "arguments": json.dumps(plan[1])}}]}
 
 
+#: hardened
 def stubborn_rerun(messages: list, counter: list):
     """After 'retry <input>', like a model stuck in a loop: send the same call again,
     whatever the result. Once a guardrail blocks it, change a terminal command a
@@ -869,6 +1072,31 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
         raise
     return any(error is None for _, error in checked)
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL.
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -956,37 +1184,27 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+#: teaching
+DEMO_INPUTS = ["fail rate_limit", "fail server 4", "fail auth", "retry $ ls no-such-file"]
+
+
+#: hardened
 DEMO_INPUTS = ["fail rate_limit", "fail connection", "fail server 4", "fail auth",
                "fail context_overflow", "retry $ ls no-such-file", "retry $ echo again"]
 
 
 #: teaching
 def run_demo(session: Session) -> int:
-    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. The offline endpoint fails on request "
-                       f"('fail <kind> [times]') and waits 1/200 of the real backoff; the "
-                       f"fallback is the model offline-backup.", style="bold"))
-    start = current_directory()             # None if it was deleted: then there is no way back
-    with tempfile.TemporaryDirectory(prefix="s06-demo-") as folder:
-        os.chdir(folder)                    # the demo's commands run here
-        try:
-            # The last input gets --max-iterations 3: a loop that never fails still ends.
-            for lines, max_iterations in ((DEMO_INPUTS[:-1], MAX_ITERATIONS),
-                                          (DEMO_INPUTS[-1:], 3)):
-                current = Session(session.client, session.model, session.base_url,
-                                  max_iterations, session.tools, None)
-                current.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY,
-                                               fallback_client=session.client,
-                                               fallback_model="offline-backup")
-                for line in lines:
-                    console.print(Text(f"\n{STAGE}> {line}", style="bold"))
-                    run_turn(current, line)
-                turns = "that turn" if len(lines) == 1 else "these turns"
-                calls = sum(1 for m in current.messages if m.get("role") == "assistant")
-                console.print(Text(f"model calls in {turns}: {calls}; every tool call has its "
-                                   f"result: {every_call_answered(current.messages)}", style="dim"))
-        finally:
-            if start is not None:
-                os.chdir(start)
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. The offline endpoint fails on request; "
+                       f"the demo waits 1/200 of the real backoff, and its fallback is the "
+                       f"model offline-backup.", style="bold"))
+    demo = Session(session.client, session.model, session.base_url, session.max_iterations,
+                   session.tools, None)             # None: the demo is not saved
+    demo.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=session.client,
+                                fallback_model="offline-backup")
+    for line in DEMO_INPUTS:
+        console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+        run_turn(demo, line)
     return 0
 
 
@@ -1021,6 +1239,38 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
+        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
+                        help=f"model calls per turn (default {MAX_ITERATIONS})")
+    parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES,
+                        help="retries of a failed model call")
+    parser.add_argument("--fallback-model", help="tried once when the retries are used up")
+    parser.add_argument("--fallback-base-url", help="endpoint for the fallback")
+    known = ", ".join(REGISTRY.toolsets())
+    parser.add_argument("--toolsets", type=toolset_list, help=f"offer only these ({known})")
+    parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
+    parser.add_argument("--context-length", type=positive_int, default=DEFAULT_CONTEXT_LENGTH,
+                        metavar="TOKENS", help=f"the model's context window (default "
+                        f"{DEFAULT_CONTEXT_LENGTH}); compression starts above "
+                        f"{COMPRESSION_THRESHOLD * 100:.0f}%% of it")
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
+    resume.add_argument("--continue", dest="continue_session", action="store_true",
+                        help="continue the most recent session")
+    return parser.parse_args(argv)
+
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -1070,6 +1320,22 @@ def main(argv=None) -> int:
     finally:
         close_session(session)
 
+#: teaching
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
+# real openai client builds requests and parses responses exactly as it would
+# against a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
+                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
+                "the file tools, 'call <tool> <json>' sends a raw tool call, "
+                "'search <words>' searches earlier sessions, 'prompt' describes my "
+                "system prompt, 'context' describes the conversation I received, "
+                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model. "
+                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+                "other providers) and start me again.")
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.

@@ -24,6 +24,41 @@ What this stage adds
 Reading guide
     Start right below the imports: "[s07] Memory" is this stage's lesson: memory_tool()
     is the tool, find_memory_threats() the scan, MemoryStore the files,
+    memory_snapshot_section() the prompt's part; "[s07] Memory details" holds their
+    helpers. Earlier stages follow, newest first, then the plumbing (/memory is under
+    "[s07] Memory commands"); the wiring registers the tool.
+    {changed elsewhere}
+Run
+    python agents/s07_memory.py                 # REPL (offline model without a key)
+    python agents/s07_memory.py --demo          # the walk-through
+Chapter
+    docs/en/s07-memory.md
+"""
+
+#: docstring | hardened
+"""s07 · Memory — notes that outlive the session, frozen into the next prompt.
+
+What this stage adds
+    The agent keeps two small files under $LEARN_HERMES_HOME/memories/: MEMORY.md, its
+    own notes, and USER.md, what it knows about the user. A line holding only "§"
+    separates two entries; each file has a character limit (2,200 and 1,375). The
+    `memory` tool adds, replaces and removes entries; a write that would overfill a
+    file is refused with a request to consolidate, and every write is atomic. Each
+    write is scanned first: s04's scanner plus strict rules. The prompt holds a
+    snapshot taken when the session starts: only the next session sees a write.
+
+    model ── memory(action, target, content, old_text) ──▶ memory_tool()
+                  │  find_memory_threats(): s04's rules + STRICT_THREAT_PATTERNS ──▶ refused
+                  │  MemoryStore: read ─ edit ─ over the limit? ──▶ "consolidate first"
+                  ▼
+           write_text_atomically() ──▶ memories/MEMORY.md, memories/USER.md
+                                                  │
+    a session starts ──▶ build_system_prompt() ◀── memory_snapshot_section()
+                         ──▶ messages[0]: the snapshot, unchanged for the whole session
+
+Reading guide
+    Start right below the imports: "[s07] Memory" is this stage's lesson: memory_tool()
+    is the tool, find_memory_threats() the scan, MemoryStore the files,
     memory_snapshot_section() the prompt's part (build_system_prompt() in "[s04] The
     system prompt" calls it). "[s07] Memory details" is the hardening: a corrupt file,
     matching old_text, the strict rule table. Earlier stages follow, newest first, then
@@ -112,6 +147,17 @@ def memory_tool(action: str, target: str, content: str | None = None,
                        "usage": usage(entries, target), "note": SAVED_NOTE}, ensure_ascii=False)
 
 
+#: teaching
+def find_memory_threats(text: str) -> list[str]:
+    """Sorted ids of what makes `text` unfit to be remembered; [] when it is clean.
+    s04's find_injection() plus STRICT_THREAT_PATTERNS: the stricter rules for text the
+    agent writes into its own future prompts (memory here, skills in s08)."""
+    folded = fold_text(normalise_text(text[:_SCAN_MAX_CHARS]))
+    strict = {finding for finding, rule in STRICT_THREAT_PATTERNS if rule.search(folded)}
+    return sorted(strict.union(find_injection(text)))
+
+
+#: hardened
 def find_memory_threats(text: str) -> list[str]:
     """Sorted ids of what makes `text` unfit to be remembered; [] when it is clean.
     s04's find_injection() plus STRICT_THREAT_PATTERNS: the stricter rules for text the
@@ -272,22 +318,19 @@ def read_entries(path: Path) -> list[str]:
 #: teaching
 def read_memory_file(path: Path) -> str | None:
     """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written. A link is refused, as s04 refuses linked context files:
-    the atomic write would follow it and replace whatever file it points to."""
-    name = path.name
+    tool cannot have written: it is reported and never overwritten. A link is refused, as
+    s04 refuses linked context files: the atomic write would follow it."""
+    if path.is_symlink():
+        raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
-        if path.is_symlink():
-            raise MemoryFileError(f"{name} is a symbolic link; memory files must be regular files")
-        if not path.exists():
-            return None
-        if not path.is_file():
-            raise MemoryFileError(f"{name} is not a regular file (a folder, a FIFO or a device)")
         text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise MemoryFileError(f"{name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+    except (FileNotFoundError, NotADirectoryError):     # not there yet: the write will say
+        return None
     except UnicodeDecodeError as exc:
-        raise MemoryFileError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+        raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise MemoryFileError(f"{path.name} could not be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
@@ -450,6 +493,25 @@ def strict_threat_patterns() -> list[tuple]:
 #: section Memory commands | plumbing
 
 
+#: teaching
+def show_memory(session: Session, argument: str) -> None:
+    """/memory: both memory files as they are on disk now (this session's prompt may be
+    older), their entries and how full they are."""
+    store = MemoryStore(hermes_home())
+    for target, name in MEMORY_FILES.items():
+        try:
+            entries = store.entries(target)
+        except MemoryFileError as exc:
+            console.print(Text(f"{name}: error: {exc}; it is left as it is", style="red"))
+            continue
+        console.print(Text(f"{name}: {usage(entries, target)}", style="bold"))
+        for number, entry in enumerate(entries, start=1):
+            findings = find_memory_threats(entry)     # written around the memory tool
+            mark = f"   [kept out of prompts: {', '.join(findings)}]" if findings else ""
+            console.print(Text(f"  {number}. " + entry.replace("\n", "\n     ") + mark))
+
+
+#: hardened
 def show_memory(session: Session, argument: str) -> None:
     """Both memory files as they are on disk now (this session's prompt may be older),
     their entries and how full they are."""
@@ -486,6 +548,29 @@ def demo_turn(session: Session, line: str) -> bool:
     return run_turn(session, line)
 
 
+#: teaching
+def demo_memory(template: Session) -> bool:
+    """The demo's story: save, look at the prompts, then two refusals."""
+    first = new_demo_session(template)
+    before = first.messages[0]["content"]
+    if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
+        return False
+    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
+                       f"{first.messages[0]['content'] == before}", style="bold"))
+    section = memory_snapshot_section(hermes_home())
+    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
+                       style="bold"))
+    console.print(Text(section, style="dim"))
+    console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
+                       style="bold"))
+    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
+        return False
+    console.print(Text(f"the memory files are unchanged: "
+                       f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
+    return True
+
+
+#: hardened
 def demo_memory(template: Session) -> bool:
     """The demo's story: save, look at the disk and the prompts, then two refusals."""
     first = new_demo_session(template)
@@ -554,6 +639,34 @@ def build_system_prompt(cwd: Path | None, home: Path) -> str:
     parts.append("## Environment\n" + environment_section(cwd))
     return "\n\n".join(parts)
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /memory        the memory files as they are on disk, and how full they are
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL.
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
+  remember <fact>        save a note with the memory tool (MEMORY.md)
+  remember about me: <fact>   save it to the user profile (USER.md)"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -587,6 +700,22 @@ DEMO_INPUTS = ["remember The tests run with: pytest -n 0 -q",
                "remember Build notes: " + "; ".join(f"step {n} passed" for n in range(1, 181))]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    saved_home = os.environ.get("LEARN_HERMES_HOME")
+    with tempfile.TemporaryDirectory(prefix="s07-demo-") as folder:
+        os.environ["LEARN_HERMES_HOME"] = folder    # the demo's memory files, not yours
+        try:
+            return 0 if demo_memory(session) else 1
+        finally:
+            if saved_home is None:
+                os.environ.pop("LEARN_HERMES_HOME", None)
+            else:
+                os.environ["LEARN_HERMES_HOME"] = saved_home
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     start = current_directory()             # None if it was deleted: then there is no way back
@@ -604,6 +733,24 @@ def run_demo(session: Session) -> int:
             if start is not None:
                 os.chdir(start)
 
+#: teaching
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
+# real openai client builds requests and parses responses exactly as it would
+# against a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
+                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
+                "the file tools, 'call <tool> <json>' sends a raw tool call, "
+                "'search <words>' searches earlier sessions, 'prompt' describes my "
+                "system prompt, 'context' describes the conversation I received, "
+                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model, "
+                "'remember <fact>' saves a note with the memory tool "
+                "('remember about me: <fact>' for the user profile). "
+                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+                "other providers) and start me again.")
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.

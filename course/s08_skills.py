@@ -22,6 +22,41 @@ What this stage adds
                                         front matter, find_memory_threats() ─▶ atomic write
 
 Reading guide
+    Start right below the imports: "[s08] Skills" is this stage's lesson: the index
+    (skills_index_section()), the tools (skill_view(), skill_manage()) and the guards
+    (skill_folder(), check_skill_text()); "[s08] Skill details" holds their helpers.
+    Earlier stages follow, newest first, then the plumbing (/skills is under "[s08] Skill
+    commands"); the wiring registers the three tools.
+    {changed elsewhere}
+Run
+    python agents/s08_skills.py                 # REPL (offline model without a key)
+    python agents/s08_skills.py --demo          # the walk-through
+Chapter
+    docs/en/s08-skills.md
+"""
+
+#: docstring | hardened
+"""s08 · Skills — procedures the agent saves, and loads only when it needs them.
+
+What this stage adds
+    A skill is a folder in $LEARN_HERMES_HOME/skills with a SKILL.md: YAML front matter
+    (name, description, optional required_environment_variables), then Markdown
+    instructions. The system prompt lists only each skill's name and description; the
+    model loads a body with skill_view when a task needs it, and saves a procedure that
+    worked with skill_manage (create, patch, delete). Names are checked, links refused,
+    and a new or patched SKILL.md must parse and pass the strict threat scan.
+
+    skills/release-notes/SKILL.md
+        ---
+        name: release-notes                 ┐ the index: one line per skill, in the
+        description: Write release notes …  ┘ system prompt (scanned, capped)
+        ---
+        1. List the changes: git log …      ← the body: only through skill_view
+
+    skill_manage(create|patch|delete) ─▶ skill_folder() ─▶ check_skill_text(): size,
+                                        front matter, find_memory_threats() ─▶ atomic write
+
+Reading guide
     Start right below the imports: "[s08] Skills" is this stage's lesson:
     skills_index_section() makes the index that build_system_prompt() adds; skill_view()
     and skill_manage() are the tools; skill_folder() and check_skill_text() are the
@@ -641,6 +676,37 @@ def build_system_prompt(cwd: Path | None, home: Path) -> str:
     parts.append("## Environment\n" + environment_section(cwd))
     return "\n\n".join(parts)
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /memory        the memory files as they are on disk, and how full they are
+  /skills        the skills a new session's index lists, and any that are not usable
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL.
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
+  remember <fact>        save a note with the memory tool (MEMORY.md)
+  remember about me: <fact>   save it to the user profile (USER.md)
+  skills                 list the skills with skills_list
+  skill <name>           load a skill with skill_view"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -735,18 +801,14 @@ def run_demo(session: Session) -> int:
             console.print(Text("1. The model saves a procedure that worked as a skill.",
                                style="bold"))
             create = {"action": "create", "name": "release-notes", "content": DEMO_SKILL}
-            if not demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create)):
-                return 1
+            demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create))
             console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
                                "body; the model loads the body when a task needs it:", style="bold"))
             second = restarted_session(session)
             console.print(Text(skills_part(second.messages[0]["content"]), style="dim"))
-            for line in DEMO_INPUTS:
-                demo_turn(second, line)
-            console.print(Text("\n3. A poisoned skill is refused; nothing is written.",
-                               style="bold"))
             poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}
-            demo_turn(second, "call skill_manage " + json.dumps(poisoned))
+            for line in DEMO_INPUTS + ["call skill_manage " + json.dumps(poisoned)]:
+                demo_turn(second, line)
         finally:
             if saved_home is None:
                 os.environ.pop("LEARN_HERMES_HOME", None)
@@ -754,6 +816,25 @@ def run_demo(session: Session) -> int:
                 os.environ["LEARN_HERMES_HOME"] = saved_home
     return 0
 
+#: teaching
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
+# real openai client builds requests and parses responses exactly as it would
+# against a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
+                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
+                "the file tools, 'call <tool> <json>' sends a raw tool call, "
+                "'search <words>' searches earlier sessions, 'prompt' describes my "
+                "system prompt, 'context' describes the conversation I received, "
+                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model, "
+                "'remember <fact>' saves a note with the memory tool "
+                "('remember about me: <fact>' for the user profile), "
+                "'skills' lists the skills and 'skill <name>' loads one. "
+                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+                "other providers) and start me again.")
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.

@@ -18,8 +18,8 @@ import pytest
 
 from fake_openai import (FakeOpenAI, call, dropped_connection, http_error, no_answer,
                          reply)
-from helpers import (short, clean_env, load_stage, pairing_problems, repl_output, run_main,
-                     stages_from, started_retry_policy)
+from helpers import (short, clean_env, edition_of, load_stage, pairing_problems, repl_output,
+                     run_main, stages_from, started_retry_policy)
 
 STAGES = stages_from("s06")
 NOW = 1_700_000_000.0                   # a fixed "now" for HTTP dates
@@ -85,25 +85,33 @@ def error_lines(run):
 
 # ── classify_api_error(): every category, from real exceptions ────────────
 
+def hardening(*case):
+    """A case only the hardened edition gets right: it reads `retry-after-ms` and an
+    error's words; the teaching edition reads `Retry-After` and the error's code."""
+    return pytest.param(*case, marks=pytest.mark.hardening)
+
+
 CATEGORIES = [
     (http_error(429, "Rate limit reached", {"Retry-After": "7"}), "rate_limit", True, 429, 7.0),
-    (http_error(429, "Slow down", {"retry-after-ms": "250"}), "rate_limit", True, 429, 0.25),
-    (http_error(429, "You exceeded your current quota, please check your plan and billing "
-                     "details."), "billing", False, 429, None),
+    hardening(http_error(429, "Slow down", {"retry-after-ms": "250"}), "rate_limit", True, 429,
+              0.25),
+    hardening(http_error(429, "You exceeded your current quota, please check your plan and "
+                              "billing details."), "billing", False, 429, None),
     (http_error(429, "No credit", code="insufficient_quota"), "billing", False, 429, None),
     (http_error(402, "Payment Required"), "billing", False, 402, None),
-    (http_error(403, "Insufficient balance on this account"), "billing", False, 403, None),
+    hardening(http_error(403, "Insufficient balance on this account"), "billing", False, 403,
+              None),
     (http_error(400, "Insufficient funds", code="insufficient_quota"), "billing", False, 400,
      None),
     (http_error(401, "Incorrect API key provided"), "auth", False, 401, None),
     (http_error(403, "Forbidden"), "auth", False, 403, None),
     (http_error(404, "The model `nope` does not exist"), "model_not_found", False, 404, None),
-    (http_error(400, "This model's maximum context length is 8192 tokens"),
-     "context_overflow", False, 400, None),
+    hardening(http_error(400, "This model's maximum context length is 8192 tokens"),
+              "context_overflow", False, 400, None),
     (http_error(400, "Too long", code="context_length_exceeded"),
      "context_overflow", False, 400, None),
-    (http_error(400, "prompt is too long: 210000 tokens > 200000 maximum"),
-     "context_overflow", False, 400, None),
+    hardening(http_error(400, "prompt is too long: 210000 tokens > 200000 maximum"),
+              "context_overflow", False, 400, None),
     (http_error(413, "Request Entity Too Large"), "context_overflow", False, 413, None),
     (http_error(400, "Invalid value for 'messages'"), "bad_request", False, 400, None),
     (http_error(422, "Unprocessable Entity"), "bad_request", False, 422, None),
@@ -129,6 +137,20 @@ def test_no_answer_in_time_is_a_timeout(stage):
     error = failure_of(no_answer(), timeout=0.3)
     assert isinstance(error, openai.APITimeoutError)
     assert stage.classify_api_error(error) == ("timeout", True, None, None)
+
+
+def test_the_teaching_edition_reads_the_code_not_the_words(stage_name):
+    """An error whose words say more than its status and code: the hardened edition
+    reads the words, the teaching edition the status (the chapter's "Under attack")."""
+    stage = load_stage(stage_name)
+    hardened = edition_of(stage_name) == "hardened"
+    quota = failure_of(http_error(429, "You exceeded your current quota"))
+    assert stage.classify_api_error(quota).category == ("billing" if hardened else "rate_limit")
+    long = failure_of(http_error(400, "This model's maximum context length is 8192 tokens"))
+    assert stage.classify_api_error(long).category == \
+        ("context_overflow" if hardened else "bad_request")
+    slow = failure_of(http_error(429, "Slow down", {"retry-after-ms": "250"}))
+    assert stage.classify_api_error(slow).retry_after == (0.25 if hardened else None)
 
 
 def test_errors_that_are_not_http_errors_are_unknown_and_not_retried(stage):
@@ -161,8 +183,10 @@ def http_date(seconds_from_now: float) -> str:
     pytest.param({"retry-after": http_date(-30)}, 0.0, marks=pytest.mark.hardening),
     pytest.param({"retry-after": "Tue, 14 Nov 2023 23:13:50 +0100"}, 30.0,   # NOW + 30 s,
                  marks=pytest.mark.hardening),                                   # an hour east
-    ({"retry-after-ms": "1500"}, 1.5),
-    ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),     # the precise one wins
+    # OpenAI's retry-after-ms: only the hardened edition reads it
+    pytest.param({"retry-after-ms": "1500"}, 1.5, marks=pytest.mark.hardening),
+    pytest.param({"retry-after-ms": "250", "retry-after": "9"}, 0.25,   # the precise one wins
+                 marks=pytest.mark.hardening),
     ({"retry-after": "soon"}, None),
     ({"retry-after": "nan"}, None),
     ({"retry-after": "inf"}, None),
@@ -281,6 +305,7 @@ def test_the_fallback_is_tried_once_when_the_retries_are_used_up(stage):
     assert notes[-1] == f"[3 retries used up: trying the fallback, backup at {spare.url}/, once]"
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("max_retries, used_up", [(1, "1 retry used up"),
                                                   (0, "no retries allowed")])
 def test_the_fallback_note_counts_in_words(stage, max_retries, used_up):
@@ -356,6 +381,7 @@ def test_context_overflow_without_compression_is_sent_once(stage):
     assert len(server.requests) == 1 and sleeps == []
 
 
+@pytest.mark.hardening
 def test_context_overflow_compresses_and_retries_once(stage, monkeypatch):
     calls = []
 
@@ -379,6 +405,8 @@ def test_context_overflow_compresses_and_retries_once(stage, monkeypatch):
 
 
 def test_explain_api_failure_names_billing_and_overflow(stage):
+    """The words differ (only the hardened edition compresses on an overflow); the
+    categories that s01's describe_api_error() cannot tell apart get their own line."""
     billing = failure_of(http_error(429, "quota", code="insufficient_quota"))
     line = stage.explain_api_failure(billing, "http://x/v1", "m")
     assert "no quota or credit left" in line and "retrying cannot fix" in line
@@ -391,14 +419,22 @@ def test_explain_api_failure_names_billing_and_overflow(stage):
 
 # ── through main(): one line, exit codes, flags ──────────────────────────
 
+# What each edition says when the conversation is too long: only the hardened edition
+# tries to compress it first.
+OVERFLOW_LINE = {"teaching": "Try /compress, a new session, or a model with a longer context.",
+                 "hardened": "could not be compressed"}
+
+
 @pytest.mark.parametrize("turn,expected", [
     (http_error(401), "rejected OPENAI_API_KEY (401)"),
     (http_error(404), "was not found"),
     (http_error(400, "Invalid value"), "answered HTTP 400"),
     (http_error(429, "quota", code="insufficient_quota"), "no quota or credit left"),
-    (OVERFLOW, "could not be compressed"),
+    (OVERFLOW, OVERFLOW_LINE),
 ])
 def test_p_with_an_error_retrying_cannot_fix_exits_1_after_one_request(stage_name, turn, expected):
+    if isinstance(expected, dict):
+        expected = expected[edition_of(stage_name)]
     with FakeOpenAI([turn, reply("never")]) as server:
         result = against(stage_name, server, "-p", "hi")
     assert result.returncode == 1
@@ -445,14 +481,20 @@ def test_recovery_command_shows_the_settings(stage_name, tmp_path):
                       "--max-iterations", "7", "--fallback-model", "b", cwd=tmp_path)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
+    assert lines[1].startswith("  fallback    b at http://127.0.0.1:")
+    plain = run_main(stage_name, "-p", "/recovery", cwd=tmp_path)
+    if edition_of(stage_name) == "teaching":
+        assert lines[0] == "  retries     5 per model call, waiting 2 s, doubling up to 30 s"
+        assert lines[2] == "  budget      7 model calls per turn"
+        assert lines[3] == ("  guardrails  (warn, stop) {'exact_failure': (2, 5), "
+                            "'same_tool_failure': (3, 8)}")
+        assert "  fallback    none\n" in plain.stdout
+        return
     assert lines[0].startswith("  retries     5 per model call, waiting 2 s, doubling up to "
                                "30 s, plus up to 50% jitter; Retry-After honoured up to 60 s")
-    assert lines[1].startswith("  fallback    b at http://127.0.0.1:")
     assert lines[2] == "  budget      7 model calls per turn (--max-iterations)"
-    no_progress = "; no_progress warn 2, stop 5" if stage_name.startswith("hardened/") else ""
     assert lines[3] == ("  guardrails  exact_failure warn 2, stop 5; same_tool_failure warn 3, "
-                        "stop 8" + no_progress)
-    plain = run_main(stage_name, "-p", "/recovery", cwd=tmp_path)
+                        "stop 8; no_progress warn 2, stop 5")
     assert "  fallback    none (--fallback-model, --fallback-base-url)" in plain.stdout
 
 
@@ -818,7 +860,7 @@ def test_offline_fail_verb_refuses_a_count_below_one(stage_name, tmp_path):
 def test_offline_failures_retrying_cannot_fix(stage_name, tmp_path):
     kinds = {"auth": "needs a key (401)", "billing": "no quota or credit left",
              "model_not_found": "(404)", "bad_request": "answered HTTP 400",
-             "context_overflow": "could not be compressed"}
+             "context_overflow": OVERFLOW_LINE[edition_of(stage_name)]}
     result = run_main(stage_name, stdin="".join(f"fail {kind}\n" for kind in kinds),
                       cwd=tmp_path)
     lines = [line for line in error_lines(result) if "offline model at" not in line]
@@ -827,14 +869,16 @@ def test_offline_failures_retrying_cannot_fix(stage_name, tmp_path):
     assert "This answer got through" not in result.stdout
 
 
-def test_offline_failure_counts_per_request(stage):
+def test_offline_failure_counts_per_request(stage_name):
+    stage = load_stage(stage_name)
     failures = {}
     hi = {"role": "user", "content": "fail server 2"}
     request = {"model": "offline", "messages": [hi]}
     first = stage.offline_failure(request, failures)
-    assert first == (500, {"error": {"message": "The server had an error while processing "
-                                                "your request.", "type": "offline_failure",
-                                     "code": None}}, {})
+    message = {"teaching": "The offline endpoint failed as asked (server).",
+               "hardened": "The server had an error while processing your request."}
+    assert first == (500, {"error": {"message": message[edition_of(stage_name)],
+                                     "type": "offline_failure", "code": None}}, {})
     assert stage.offline_failure(request, failures) == first
     assert stage.offline_failure(request, failures) is None                   # twice is all
     assert failures == {("fail server 2", 1): 2}
@@ -896,27 +940,36 @@ def test_offline_retry_respects_the_budget(stage_name, tmp_path):
     assert "[stopped: this turn reached its limit of 3 model call(s)" in result.stdout
 
 
-@pytest.mark.parametrize("stage_name", ["s06_error_recovery"])   # later stages' demos differ
+DEMO_SHOWS = ["[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks; "
+              "Ctrl-C cancels]",
+              "[server (HTTP 500): retry 3 of 3 in 0.0",
+              "[3 retries used up: trying the fallback, offline-backup at http://127.0.0.1:",
+              "needs a key (401)",
+              "[Tool loop hard stop: same_tool_failure_halt; count=8;"]
+HARDENED_DEMO_SHOWS = [
+    "[connection (no answer): retry 1 of 3 in 0.01 s; Ctrl-C cancels]",
+    "[context_overflow: the conversation was compressed; sending it once more]",
+    "every tool call has its result: True",
+    "model calls in that turn: 3; every tool call has its result: True"]
+
+
+# Later stages' demos differ; the teaching demo is the shorter one.
+@pytest.mark.parametrize("stage_name", ["s06_error_recovery", "hardened/s06_error_recovery"])
 def test_the_demo_shows_recovery_guardrails_and_the_budget(stage_name, tmp_path):
     result = run_main(stage_name, "--demo", cwd=tmp_path,
                       env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h")))
     assert result.returncode == 0, result.stderr
     shown = result.stdout + result.stderr
-    for line in ("[rate_limit (HTTP 429): retry 1 of 3 in 0.10 s, as Retry-After asks; "
-                 "Ctrl-C cancels]",
-                 "[connection (no answer): retry 1 of 3 in 0.01 s; Ctrl-C cancels]",
-                 "[server (HTTP 500): retry 3 of 3 in 0.0",
-                 "[3 retries used up: trying the fallback, offline-backup at http://127.0.0.1:",
-                 "needs a key (401)",
-                 "[context_overflow: the conversation was compressed; sending it once more]",
-                 "[Tool loop hard stop: same_tool_failure_halt; count=8;",
-                 "every tool call has its result: True",
-                 "model calls in that turn: 3; every tool call has its result: True"):
+    hardened = edition_of(stage_name) == "hardened"
+    for line in DEMO_SHOWS + (HARDENED_DEMO_SHOWS if hardened else []):
         assert line in shown, line
-    assert shown.count("This answer got through") == 4         # 429, connection, fallback, overflow
+    # 429 and fallback; the hardened demo also a dropped connection and an overflow
+    assert shown.count("This answer got through") == (4 if hardened else 2)
+    assert shown.count("Not run: terminal already failed 5 times") == 1
     assert "Traceback" not in shown
 
 
+@pytest.mark.hardening
 def test_every_call_answered(stage):
     assistant = {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]}
     assert stage.every_call_answered([assistant, {"role": "tool", "tool_call_id": "a"},

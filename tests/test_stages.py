@@ -194,6 +194,14 @@ HARDENED_DEMO_PROMISES = {
         "The conversation now holds 13 messages: user assistant tool assistant user assistant "
         "tool assistant user assistant user assistant tool",
     ],
+    "s06_error_recovery": [
+        "every tool call has its result: True",
+        "[stopped: this turn reached its limit of 3 model call(s)",
+    ],
+    "s07_memory": [
+        "a memory section in its prompt: False",
+        "in the new session's prompt: True",
+    ],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "invalid skill name '../../.ssh'",
