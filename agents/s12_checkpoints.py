@@ -3868,19 +3868,14 @@ class ToolEntry:
 
     def __init__(self, name: str, toolset: str, schema: dict, handler: Callable[..., str],
                  check_fn: Callable[[], bool] | None = None, mutates: bool = False):
-        self.name = name
-        self.toolset = toolset
-        self.schema = schema
-        self.handler = handler
+        self.name, self.toolset, self.schema, self.handler = name, toolset, schema, handler
         self.check_fn = check_fn        # returns False (or raises) when the tool can't work here
         self.mutates = mutates          # may change files or state
 
     def is_available(self) -> bool:
         """A check that fails or raises hides the tool: fail closed."""
-        if self.check_fn is None:
-            return True
         try:
-            return bool(self.check_fn())
+            return self.check_fn is None or bool(self.check_fn())
         except Exception:
             return False
 
@@ -3995,12 +3990,13 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     chosen, total = [], 0
     # Line by line, so a log of several gigabytes never has to fit in memory.
     with open(target, encoding="utf-8", errors="replace") as file:
-        for total, text in enumerate(bounded_lines(file), start=1):
+        for total, text in enumerate(file, start=1):
             if offset <= total < offset + limit:
-                chosen.append(f"{total:>6}|{text}")
-    content = BoundedOutput()               # one huge line must not flood the model
-    content.add("\n".join(chosen))
-    return json.dumps({"path": str(target.resolve()), "content": content.text(),
+                text = text.rstrip("\n")
+                cut = len(text) - MAX_LINE_CHARS    # the model needs no more of one line
+                chosen.append(f"{total:>6}|{text[:MAX_LINE_CHARS]}"
+                              + (f" … [{cut} characters of this line cut]" if cut > 0 else ""))
+    return json.dumps({"path": str(target.resolve()), "content": "\n".join(chosen),
                        "total_lines": total,
                        "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
                       ensure_ascii=False)
@@ -4060,13 +4056,15 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
-    files = [root] if root.is_file() else searchable_files(root, glob)
     matches = []
-    for file in files:
-        for number, text in matching_lines(regex, file):
-            matches.append(f"{file}:{number}: {text}")
-            if len(matches) >= MAX_SEARCH_MATCHES:
-                return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
+    for file in [root] if root.is_file() else searchable_files(root, glob):
+        with open(file, encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):    # numbered as read_file does
+                line = line.rstrip("\n")        # so `$` sees the line as read_file shows it
+                if regex.search(line):
+                    matches.append(f"{file}:{number}: {line[:200]}")
+                if len(matches) >= MAX_SEARCH_MATCHES:
+                    return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
     return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
 
 
@@ -4159,14 +4157,6 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 
-def bounded_lines(file):
-    """The file's lines, each cut to MAX_LINE_CHARS: the model needs no more of a line."""
-    for line in file:
-        line = line.rstrip("\n")
-        cut = len(line) - MAX_LINE_CHARS
-        yield line[:MAX_LINE_CHARS] + (f" … [{cut} characters of this line cut]" if cut > 0 else "")
-
-
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
     path below the search root, `**` standing for any number of folders, even none."""
@@ -4179,27 +4169,13 @@ def glob_matches(relative: Path, glob: str) -> bool:
 
 
 def searchable_files(root: Path, glob: str | None):
-    """Regular files below `root` that `glob` matches (a FIFO would block a read forever)."""
+    """Readable regular files below `root` that `glob` matches (a FIFO would block a read)."""
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        for name in sorted(files):
-            file = Path(folder) / name
-            if glob is not None and not glob_matches(file.relative_to(root), glob):
-                continue
-            if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
+        for file in (Path(folder) / name for name in sorted(files)):
+            if (glob is None or glob_matches(file.relative_to(root), glob)) and file.is_file() \
+                    and os.access(file, os.R_OK) and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
                 yield file
-
-
-def matching_lines(regex, file: Path):
-    """(line number, line) for each line that matches; lines numbered as read_file does."""
-    try:
-        with open(file, encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, start=1):
-                line = line.rstrip("\n")       # so `$` and `\s` see the line as read_file shows it
-                if regex.search(line):
-                    yield number, line[:200]
-    except OSError:                         # a broken link or an unreadable file
-        return
 
 
 def tool_may_have_side_effect(name: str) -> bool:
