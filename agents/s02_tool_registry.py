@@ -260,11 +260,9 @@ def classify_tool_result(name: str, result: str) -> str:
         return "refused"
     if "error" in data:
         return "error"
-    if name == "write_file" and isinstance(data.get("bytes_written"), int):
-        return "landed"
-    if name == "patch" and data.get("success") is True:
-        return "landed"
-    return "ok"
+    landed = (name == "write_file" and isinstance(data.get("bytes_written"), int)) or \
+        (name == "patch" and data.get("success") is True)
+    return "landed" if landed else "ok"
 
 
 def build_registry() -> ToolRegistry:
@@ -868,7 +866,9 @@ DEMO_INPUTS = [
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    demo_availability()
+    offered = REGISTRY.get_definitions(disabled_toolsets={"file"})
+    console.print(Text("With --disable-toolsets file: "
+                       + ", ".join(tool["function"]["name"] for tool in offered)))
     start = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="s02-demo-") as workdir:
         os.chdir(workdir)                   # the demo writes files: keep them out of your folder
@@ -1003,14 +1003,6 @@ def toolset_list(text: str) -> set[str]:
         raise argparse.ArgumentTypeError(f"unknown toolset(s) {', '.join(sorted(unknown))} "
                                          f"(known: {', '.join(REGISTRY.toolsets())})")
     return names
-
-
-def demo_availability() -> None:
-    """Toolsets decide what the model is offered."""
-    for label, disabled in (("Offered by default:", None), ("With --disable-toolsets file:",
-                                                               {"file"})):
-        names = [tool["function"]["name"] for tool in REGISTRY.get_definitions(None, disabled)]
-        console.print(Text(f"{label:29} {', '.join(names)}"))
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 

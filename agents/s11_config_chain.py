@@ -3576,11 +3576,9 @@ def classify_tool_result(name: str, result: str) -> str:
         return "refused"
     if "error" in data:
         return "error"
-    if name == "write_file" and isinstance(data.get("bytes_written"), int):
-        return "landed"
-    if name == "patch" and data.get("success") is True:
-        return "landed"
-    return "ok"
+    landed = (name == "write_file" and isinstance(data.get("bytes_written"), int)) or \
+        (name == "patch" and data.get("success") is True)
+    return "landed" if landed else "ok"
 
 
 def build_registry() -> ToolRegistry:

@@ -376,6 +376,22 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
                       ensure_ascii=False)
 
 
+#: teaching
+def classify_tool_result(name: str, result: str) -> str:
+    """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
+    data = parse_result(result)
+    if data is None:                    # plain text: the door's and dispatch's errors
+        return "error" if result.startswith(("Error", "Tool '")) else "ok"
+    if data.get("refused") is True:     # guards in later stages refuse with this flag
+        return "refused"
+    if "error" in data:
+        return "error"
+    landed = (name == "write_file" and isinstance(data.get("bytes_written"), int)) or \
+        (name == "patch" and data.get("success") is True)
+    return "landed" if landed else "ok"
+
+
+#: hardened
 def classify_tool_result(name: str, result: str) -> str:
     """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
     data = parse_result(result)
@@ -694,15 +710,6 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 
-#: teaching
-def demo_availability() -> None:
-    """Toolsets decide what the model is offered."""
-    for label, disabled in (("Offered by default:", None), ("With --disable-toolsets file:",
-                                                               {"file"})):
-        names = [tool["function"]["name"] for tool in REGISTRY.get_definitions(None, disabled)]
-        console.print(Text(f"{label:29} {', '.join(names)}"))
-
-
 #: hardened
 def demo_availability() -> None:
     """Toolsets and check_fn decide what the model is offered."""
@@ -856,7 +863,9 @@ DEMO_INPUTS = [
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    demo_availability()
+    offered = REGISTRY.get_definitions(disabled_toolsets={"file"})
+    console.print(Text("With --disable-toolsets file: "
+                       + ", ".join(tool["function"]["name"] for tool in offered)))
     start = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="s02-demo-") as workdir:
         os.chdir(workdir)                   # the demo writes files: keep them out of your folder
