@@ -1029,14 +1029,10 @@ class SessionStore:
         # corrupts the database, and a save no longer waits for the disk (~7 ms each).
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
-        self.has_fts = use_fts and self._create_fts()
-
-    def _create_fts(self) -> bool:
-        try:
-            self.db.execute(FTS_SCHEMA)
-            return True
-        except sqlite3.OperationalError:        # SQLite built without FTS5: no search
-            return False
+        try:                                    # SQLite built without FTS5: no search
+            self.has_fts = use_fts and self.db.execute(FTS_SCHEMA) is not None
+        except sqlite3.OperationalError:
+            self.has_fts = False
 
     def close(self) -> None:
         """Closing the last connection moves the write-ahead log into state.db."""
@@ -1102,20 +1098,17 @@ class SessionStore:
             raise ValueError("the query has no words to search for")
         if not self.has_fts:
             raise ValueError("this Python's SQLite has no FTS5 full-text index")
-        rows = self._search_fts(words, limit, exclude_session)
-        return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
-                 "title": title, "role": role, "snippet": snippet}
-                for sid, t, title, role, snippet in rows]
-
-    def _search_fts(self, words, limit, exclude_session):
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
-        return self.db.execute(
+        rows = self.db.execute(
             "SELECT s.id, s.started_at, s.title, m.role, "
             "snippet(messages_fts, 0, '[', ']', '…', 12) "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.message_id "
             "JOIN sessions s ON s.id = m.session_id "
             "WHERE messages_fts MATCH ? AND s.id IS NOT ? ORDER BY rank LIMIT ?",
-            (match, exclude_session, limit)).fetchall()
+            (match, exclude_session, limit))
+        return [{"session_id": sid, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(t)),
+                 "title": title, "role": role, "snippet": snippet}
+                for sid, t, title, role, snippet in rows]
 
 
 class RecordedMessages(list):
@@ -1192,10 +1185,8 @@ def search_words(query: str) -> list[str]:
     return re.findall(r"\w+", query)
 
 
-# Chinese and Japanese are written without spaces (and Korean glues endings onto
-# words). FTS5's tokenizer splits words at spaces, so it sees 我们决定使用数据库迁移工具
-# as one long word and never finds 数据库 inside it. Not used here: the hardened edition
-# scans such queries with LIKE, and a chapter exercise (s05) counts their tokens.
+# Chinese, Japanese and Korean characters. Not used here: the hardened edition searches
+# for them with LIKE, and an exercise of s05 counts their tokens.
 CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
                            "\uf900-\ufaff\U00020000-\U0002ffff]")
 
@@ -2263,42 +2254,30 @@ def show_sessions(session: Session, argument: str) -> None:
         console.print(Text("no session store: sessions are not being saved", style="yellow"))
         return
     try:
-        rows = session.store.list_sessions()
         lines = [f" {'*' if sid == session.session_id else ' '} {sid}  "
                  f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}  "
-                 f"{count:>3} msgs  {title or ''}" for sid, started, title, count in rows]
+                 f"{count:>3} msgs  {title or ''}"
+                 for sid, started, title, count in session.store.list_sessions()]
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
         console.print(Text(f"error: could not list sessions ({first_line(exc)})", style="red"))
         return
-    for line in lines:
-        console.print(Text(line))
-    if not rows:
-        console.print(Text("no saved sessions yet"))
+    console.print(Text("\n".join(lines) or "no saved sessions yet"))
 
 
 def resume_session(session: Session, session_id: str) -> bool:
     """Load a saved session (or "latest") into `session`. Bad ids change nothing."""
-    if session.store is None:
-        err_console.print(Text("error: no session store, so there is nothing to resume",
-                               style="red"))
-        return False
+    store = session.store
     try:
         if session_id == "latest":
-            latest = session.store.list_sessions(limit=1)
+            latest = store.list_sessions(limit=1) if store else []
             if not latest:
-                err_console.print(Text("error: there are no saved sessions yet, so nothing "
-                                       "to continue", style="red"))
-                return False
+                return resume_failed("there are no saved sessions yet, so nothing to continue")
             session_id = latest[0][0]
-        if not session.store.session_exists(session_id):
-            err_console.print(Text(f"error: no saved session '{session_id}' (see /sessions)",
-                                   style="red"))
-            return False
-        messages = session.store.load_messages(session_id)
+        if store is None or not store.session_exists(session_id):
+            return resume_failed(f"no saved session '{session_id}' (see /sessions)")
+        messages = store.load_messages(session_id)
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
-        err_console.print(Text(f"error: could not load the session ({first_line(exc)})",
-                               style="red"))
-        return False
+        return resume_failed(f"could not load the session ({first_line(exc)})")
     session.switch_to(session_id, messages)
     # A session killed in the middle of a tool call was saved without its result;
     # answer it now, or the endpoint rejects every request that follows.
@@ -2306,6 +2285,11 @@ def resume_session(session: Session, session_id: str) -> bool:
                            "interrupted: the agent stopped before this tool call finished")
     console.print(Text(f"[resumed session {session_id}: {len(messages)} messages]", style="green"))
     return True
+
+
+def resume_failed(reason: str) -> bool:
+    err_console.print(Text(f"error: {reason}", style="red"))
+    return False
 
 
 def resume_command(session: Session, argument: str) -> None:
@@ -2320,19 +2304,18 @@ COMMANDS["/resume"] = resume_command
 
 
 def close_session(session: Session) -> None:
-    """Record the end time of a session that was saved, and close the store so that
-    state.db holds everything, not its -wal file. Never fail on the way out."""
+    """Record the end time of a saved session and close the store, so that state.db
+    holds everything, not its -wal file. Never fail on the way out."""
     CtrlC.armed = False                     # leaving: a late Ctrl-C must not cut this short
-    messages = session.messages
+    if session.store is None:
+        return
     try:
-        if isinstance(messages, RecordedMessages) and messages.store is not None \
-                and messages.store.session_exists(session.session_id):
-            messages.store.end_session(session.session_id)
+        if session.store.session_exists(session.session_id):
+            session.store.end_session(session.session_id)
     except sqlite3.Error:
         pass                                # e.g. locked: the end time is only a label
-    if session.store is not None:
-        session.store.close()
-        ActiveSession.store = None
+    session.store.close()
+    ActiveSession.store = None
 
 # ── [s04] Prompt commands ───────────────────────────────────────────────────
 
@@ -2473,12 +2456,7 @@ def offline_summary(messages: list) -> str:
         results.insert(0, message.get("content") or "")
     lines = []
     for result in results:
-        try:
-            data = json.loads(result)
-        except json.JSONDecodeError:
-            data = {"output": result}
-        if not isinstance(data, dict):
-            data = {"output": result}
+        data = parse_result(result) or {"output": result}
         if "exit_code" in data:
             output = first_line(data.get("output", ""), 120) or "(no output)"
             lines.append(f"The command exited with code {data['exit_code']}; "
