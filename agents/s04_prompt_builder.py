@@ -2,34 +2,26 @@
 """s04 · Prompt builder — the system prompt, and context files that may be poisoned.
 
 What this stage adds
-    Every session starts with a system prompt assembled in a fixed order: identity
-    (SOUL.md in the home folder, or a default), tool-use guidance, the project's
-    context files (AGENTS.md, .hermes.md, .cursorrules) and the environment. It is
-    built once per session and reused byte for byte, also after a resume. Each context
-    file is scanned first (invisible Unicode, orders to drop the rules or play another
-    role, hidden HTML, secrets sent away); a file with any finding is replaced by a
-    one-line BLOCKED notice.
+    Every session starts with a system prompt built in a fixed order: identity (SOUL.md
+    in the home folder, or a default), tool guidance, the project's context files
+    (AGENTS.md, .hermes.md, .cursorrules) and the environment. It is built once per
+    session and reused byte for byte. Each context file is scanned first (invisible
+    Unicode, orders to drop the rules, hidden HTML, secrets sent away); a file with any
+    finding is replaced by a one-line BLOCKED notice.
 
     SOUL.md (home) ──┐                        ┌─ clean ──────────▶ the text, capped
     AGENTS.md ───────┤                        │
     .hermes.md ──────┼─▶ load_context_file() ─┼─ a finding ──────▶ [BLOCKED: … (ids) …]
     .cursorrules ────┘   read, cap, scan      │
                                               └─ link, too big ──▶ [SKIPPED: …]
-    build_system_prompt(): identity │ tool guidance │ context files │ environment
-        ──▶ messages[0] of a new session, reused byte for byte; a resumed one keeps its own
 
 Reading guide
-    Start right below the imports: "[s04] The system prompt" is this stage's lesson:
-    build_system_prompt() assembles the parts in a fixed order. Then "[s04] Context
-    files and the injection scanner": load_context_file() and find_injection().
-    "[s04] Scanner details" holds the rules (folding disguises, the rule table; the
-    hardened edition adds more, and renders Markdown). Earlier stages follow, newest
-    first; the command line, the REPL (/prompt is under "[s04] Prompt commands") and
-    the offline model come last, and the wiring at the very end registers the tools.
-    Changed in earlier stages' sections: none; and 6 definitions of the plumbing (python
+    "[s04] The system prompt" is the lesson: build_system_prompt(). Then "[s04] Context
+    files and the injection scanner": load_context_file() and find_injection(), whose
+    rules are in "[s04] Scanner details". /prompt is under "[s04] Prompt commands".
+    Changed in earlier stages' sections: none; and 5 definitions of the plumbing (python
     course/build.py --changes s04 lists them all).
 Run
-    python agents/s04_prompt_builder.py                 # REPL (offline model without a key)
     python agents/s04_prompt_builder.py --demo          # the walk-through
     printf '/prompt\n' | python agents/s04_prompt_builder.py
 Chapter
@@ -260,24 +252,9 @@ def _first(*words: str, negatable: bool = False) -> str:
     return f"(?:{'|'.join(forms)})"
 
 
-class _SameLine:
-    """A rule for shell commands: `first`, then `then` later on the same line. Each
-    line is searched once, from its first `first`: a single regular expression would
-    search the rest of the line again from each of a thousand `curl`s in it."""
-
-    def __init__(self, first: str, then: str):
-        self.first, self.then = re.compile(first), re.compile(then)
-
-    def search(self, text: str) -> bool:
-        found = self.first.search(text)
-        while found:
-            line_end = text.find("\n", found.end())
-            if line_end == -1:
-                line_end = len(text)
-            if self.then.search(text, found.end(), line_end):
-                return True
-            found = self.first.search(text, line_end)       # from the next line on
-        return False
+def _same_line(first: str, then: str) -> re.Pattern:
+    """A rule for shell commands: `first`, then `then` later on the same line."""
+    return re.compile(f"(?:{first})[^\n]*?(?:{then})")
 
 
 _SECRET_VARIABLE = r"\$(?:env:)?\{?\w*(?:key|token|secret|password|credential)s?\b"
@@ -311,10 +288,10 @@ THREAT_PATTERNS = [
     ("hide_from_user", _near(_first("do not", "don't", "don’t", "dont"), "tell",
                              "the user(?! to )")),          # "… tell the user to run X" is fine
     # Secrets sent to a server, or read from the files that hold them.
-    ("exfil_curl", _SameLine(_CURL, _SECRET_VARIABLE)),
-    ("exfil_wget", _SameLine(_WGET, _SECRET_VARIABLE)),
-    ("exfil_pipe", _SameLine(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
-    ("upload_secrets", _SameLine(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
+    ("exfil_curl", _same_line(_CURL, _SECRET_VARIABLE)),
+    ("exfil_wget", _same_line(_WGET, _SECRET_VARIABLE)),
+    ("exfil_pipe", _same_line(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
+    ("upload_secrets", _same_line(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
     ("read_secrets",            # the secrets file is one of cat's next few arguments
      re.compile(_first("cat") + r"(?: | ?< ?)(?:[^\s;|&,<>]+ ){0,3}[^\s;|&,<>]*"
                 + _SECRET_FILE)),
@@ -1406,7 +1383,7 @@ def repl(session: Session) -> int:
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
 
-DEMO_INPUTS = ["prompt", "$ head -n 3 AGENTS.md"]
+DEMO_INPUTS = ["prompt"]
 
 
 def run_demo(session: Session) -> int:
@@ -1417,17 +1394,11 @@ def run_demo(session: Session) -> int:
         try:
             for title, text in (("A clean AGENTS.md", CLEAN_AGENTS_MD),
                                 ("A poisoned AGENTS.md", POISONED_AGENTS_MD)):
-                console.print(Text(f"\n{title}:", style="bold"))
-                console.print(Text(text.rstrip(), style="dim"))
+                console.print(Text(f"\n{title}: the system prompt it gives", style="bold"))
                 current = demo_folder(text, session)
-                console.print(Text("The system prompt the session starts with:", style="bold"))
                 show_prompt(current, "")
-                for line in DEMO_INPUTS:
-                    console.print(Text(f"\n{STAGE}> {line}", style="bold"))
-                    if not run_turn(current, line):
-                        return 1
-            console.print(Text("\nThe scan guards the system prompt, not the tools: the terminal "
-                               "above could still read the poisoned file.", style="yellow"))
+                if not all(run_turn(current, line) for line in DEMO_INPUTS):
+                    return 1
             console.print(Text("\nThe prompt is built once: editing AGENTS.md now changes "
                                "nothing in this session.", style="bold"))
             before = current.messages[0]["content"]
@@ -1684,12 +1655,8 @@ def demo_folder(agents_md: str, template: Session) -> Session:
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call, "
-                "'search <words>' searches earlier sessions, 'prompt' describes my "
-                "system prompt. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
+                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
                 "other providers) and start me again.")
 
 

@@ -2562,24 +2562,9 @@ def _first(*words: str, negatable: bool = False) -> str:
     return f"(?:{'|'.join(forms)})"
 
 
-class _SameLine:
-    """A rule for shell commands: `first`, then `then` later on the same line. Each
-    line is searched once, from its first `first`: a single regular expression would
-    search the rest of the line again from each of a thousand `curl`s in it."""
-
-    def __init__(self, first: str, then: str):
-        self.first, self.then = re.compile(first), re.compile(then)
-
-    def search(self, text: str) -> bool:
-        found = self.first.search(text)
-        while found:
-            line_end = text.find("\n", found.end())
-            if line_end == -1:
-                line_end = len(text)
-            if self.then.search(text, found.end(), line_end):
-                return True
-            found = self.first.search(text, line_end)       # from the next line on
-        return False
+def _same_line(first: str, then: str) -> re.Pattern:
+    """A rule for shell commands: `first`, then `then` later on the same line."""
+    return re.compile(f"(?:{first})[^\n]*?(?:{then})")
 
 
 _SECRET_VARIABLE = r"\$(?:env:)?\{?\w*(?:key|token|secret|password|credential)s?\b"
@@ -2613,10 +2598,10 @@ THREAT_PATTERNS = [
     ("hide_from_user", _near(_first("do not", "don't", "don’t", "dont"), "tell",
                              "the user(?! to )")),          # "… tell the user to run X" is fine
     # Secrets sent to a server, or read from the files that hold them.
-    ("exfil_curl", _SameLine(_CURL, _SECRET_VARIABLE)),
-    ("exfil_wget", _SameLine(_WGET, _SECRET_VARIABLE)),
-    ("exfil_pipe", _SameLine(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
-    ("upload_secrets", _SameLine(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
+    ("exfil_curl", _same_line(_CURL, _SECRET_VARIABLE)),
+    ("exfil_wget", _same_line(_WGET, _SECRET_VARIABLE)),
+    ("exfil_pipe", _same_line(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
+    ("upload_secrets", _same_line(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
     ("read_secrets",            # the secrets file is one of cat's next few arguments
      re.compile(_first("cat") + r"(?: | ?< ?)(?:[^\s;|&,<>]+ ){0,3}[^\s;|&,<>]*"
                 + _SECRET_FILE)),

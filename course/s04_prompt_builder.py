@@ -1,6 +1,35 @@
 # s04_prompt_builder: what this stage adds, changes and removes. course/build.py writes the stage files.
 
-#: docstring
+#: docstring | teaching
+"""s04 · Prompt builder — the system prompt, and context files that may be poisoned.
+
+What this stage adds
+    Every session starts with a system prompt built in a fixed order: identity (SOUL.md
+    in the home folder, or a default), tool guidance, the project's context files
+    (AGENTS.md, .hermes.md, .cursorrules) and the environment. It is built once per
+    session and reused byte for byte. Each context file is scanned first (invisible
+    Unicode, orders to drop the rules, hidden HTML, secrets sent away); a file with any
+    finding is replaced by a one-line BLOCKED notice.
+
+    SOUL.md (home) ──┐                        ┌─ clean ──────────▶ the text, capped
+    AGENTS.md ───────┤                        │
+    .hermes.md ──────┼─▶ load_context_file() ─┼─ a finding ──────▶ [BLOCKED: … (ids) …]
+    .cursorrules ────┘   read, cap, scan      │
+                                              └─ link, too big ──▶ [SKIPPED: …]
+
+Reading guide
+    "[s04] The system prompt" is the lesson: build_system_prompt(). Then "[s04] Context
+    files and the injection scanner": load_context_file() and find_injection(), whose
+    rules are in "[s04] Scanner details". /prompt is under "[s04] Prompt commands".
+    {changed elsewhere}
+Run
+    python agents/s04_prompt_builder.py --demo          # the walk-through
+    printf '/prompt\n' | python agents/s04_prompt_builder.py
+Chapter
+    docs/en/s04-prompt-builder.md
+"""
+
+#: docstring | hardened
 """s04 · Prompt builder — the system prompt, and context files that may be poisoned.
 
 What this stage adds
@@ -398,24 +427,9 @@ _ORDER = (r"(?<!\w\s)(?<!\w)(?:(?:please|now|then|also|always|first|periodically
 
 
 #: teaching
-class _SameLine:
-    """A rule for shell commands: `first`, then `then` later on the same line. Each
-    line is searched once, from its first `first`: a single regular expression would
-    search the rest of the line again from each of a thousand `curl`s in it."""
-
-    def __init__(self, first: str, then: str):
-        self.first, self.then = re.compile(first), re.compile(then)
-
-    def search(self, text: str) -> bool:
-        found = self.first.search(text)
-        while found:
-            line_end = text.find("\n", found.end())
-            if line_end == -1:
-                line_end = len(text)
-            if self.then.search(text, found.end(), line_end):
-                return True
-            found = self.first.search(text, line_end)       # from the next line on
-        return False
+def _same_line(first: str, then: str) -> re.Pattern:
+    """A rule for shell commands: `first`, then `then` later on the same line."""
+    return re.compile(f"(?:{first})[^\n]*?(?:{then})")
 
 
 #: hardened
@@ -484,10 +498,10 @@ THREAT_PATTERNS = [
     ("hide_from_user", _near(_first("do not", "don't", "don’t", "dont"), "tell",
                              "the user(?! to )")),          # "… tell the user to run X" is fine
     # Secrets sent to a server, or read from the files that hold them.
-    ("exfil_curl", _SameLine(_CURL, _SECRET_VARIABLE)),
-    ("exfil_wget", _SameLine(_WGET, _SECRET_VARIABLE)),
-    ("exfil_pipe", _SameLine(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
-    ("upload_secrets", _SameLine(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
+    ("exfil_curl", _same_line(_CURL, _SECRET_VARIABLE)),
+    ("exfil_wget", _same_line(_WGET, _SECRET_VARIABLE)),
+    ("exfil_pipe", _same_line(_SECRET_VARIABLE, r"\| ?(?:curl|wget|nc)\b")),  # echo $KEY | curl
+    ("upload_secrets", _same_line(f"{_CURL}|{_WGET}", _SENDS_SECRET_FILE)),
     ("read_secrets",            # the secrets file is one of cat's next few arguments
      re.compile(_first("cat") + r"(?: | ?< ?)(?:[^\s;|&,<>]+ ){0,3}[^\s;|&,<>]*"
                 + _SECRET_FILE)),
@@ -1261,9 +1275,42 @@ class Session:
         ActiveSession.session_id = session_id
 
 
+#: teaching
+DEMO_INPUTS = ["prompt"]
+
+
+#: hardened
 DEMO_INPUTS = ["prompt", "$ head -n 3 AGENTS.md"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    start = current_directory()             # None if it was deleted: then there is no way back
+    with tempfile.TemporaryDirectory(prefix="s04-demo-") as folder:
+        os.chdir(folder)                    # the demo's AGENTS.md files live here
+        try:
+            for title, text in (("A clean AGENTS.md", CLEAN_AGENTS_MD),
+                                ("A poisoned AGENTS.md", POISONED_AGENTS_MD)):
+                console.print(Text(f"\n{title}: the system prompt it gives", style="bold"))
+                current = demo_folder(text, session)
+                show_prompt(current, "")
+                if not all(run_turn(current, line) for line in DEMO_INPUTS):
+                    return 1
+            console.print(Text("\nThe prompt is built once: editing AGENTS.md now changes "
+                               "nothing in this session.", style="bold"))
+            before = current.messages[0]["content"]
+            Path("AGENTS.md").write_text(CLEAN_AGENTS_MD, encoding="utf-8")
+            run_turn(current, "prompt")
+            console.print(Text(f"same prompt as before: {current.messages[0]['content'] == before}",
+                               style="dim"))
+        finally:
+            if start is not None:
+                os.chdir(start)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     start = current_directory()             # None if it was deleted: then there is no way back
@@ -1295,6 +1342,7 @@ def run_demo(session: Session) -> int:
                 os.chdir(start)
     return 0
 
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
