@@ -2899,10 +2899,9 @@ def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> st
 
 
 def read_context_file(path: Path, follow_links: bool = False) -> str | None:
-    """The file's text, None if there is no such file, or a one-line SKIPPED notice.
-    A symbolic link is refused unless `follow_links`: a cloned repository can point
-    AGENTS.md at /proc/self/environ or at a key file, and the prompt goes to the
-    endpoint. The user's own home is trusted with links (see load_identity)."""
+    """The file's text, None if there is no such file, or a one-line SKIPPED notice. A
+    link is refused unless `follow_links`: a cloned project can point AGENTS.md at a key
+    file, and the prompt goes to the endpoint (the user's own home is trusted)."""
     try:
         if path.is_symlink() and not follow_links:
             return f"[SKIPPED: {path.name} is a symbolic link; context files must be regular files]"
@@ -2956,12 +2955,9 @@ _MARKUP = re.compile(r"<!--(?:(?!<!--).)*?-->|</?[a-z][^<>]*>", re.IGNORECASE | 
 
 
 def fold_text(normal: str) -> str:
-    """What the word rules read: the text in lower case, without the markup that can
-    split or disguise a key word. Tags and comments are cut out (`ig<b></b>nore`,
-    `<em>all</em>`) and what was inside them follows as paragraphs of their own;
-    entities are decoded (`&#105;gnore`) and the result normalised again; backslashes,
-    emphasis and code marks are dropped (`ign\\ore`, `**all**`, `__your__`); "any and
-    all" is "all"."""
+    """What the word rules read: the text in lower case, without the markup that can split
+    or disguise a key word (`ig<b></b>nore`, `&#105;gnore`, `ign\\ore`, `**all**`). What was
+    inside tags and comments follows as paragraphs of its own."""
     insides = []
 
     def cut_out(markup: re.Match) -> str:
@@ -3000,9 +2996,7 @@ def _near(*keywords: str) -> re.Pattern:
 
 def _first(*words: str, negatable: bool = False) -> str:
     """A rule's first key word: one of `words`, not inside another word and, if it is
-    `negatable`, not right after a negation. The word comes first and the checks on
-    what precedes it after it, so that the regular expression engine jumps from one
-    occurrence of the word to the next instead of trying every position in the file."""
+    `negatable`, not right after a negation (the checks follow the word: that is faster)."""
     forms = []
     for word in words:
         # Chinese has no spaces between words, so there is no word boundary to check.
@@ -3074,24 +3068,17 @@ _HIDING_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden|\shidden
 
 
 def hidden_comment_directive(markup: str) -> bool:
-    """An HTML comment, closed or not, that contains a directive keyword, also written
-    with entities. (A formatter's marker such as `<!-- prettier-ignore -->` is not a
-    directive.)"""
-    for hidden in _HIDDEN_TEXT.finditer(markup):
-        if _COMMENT_KEYWORD.search(html.unescape(_TOOL_COMMENT.sub("", hidden.group()))):
-            return True
-    return False
+    """An HTML comment, closed or not, that holds a directive keyword (also written with
+    entities); a formatter's marker such as `<!-- prettier-ignore -->` is none."""
+    return any(_COMMENT_KEYWORD.search(html.unescape(_TOOL_COMMENT.sub("", hidden.group())))
+               for hidden in _HIDDEN_TEXT.finditer(markup))
 
 
 def hidden_element(markup: str) -> bool:
-    """An HTML tag that hides its element: display:none, visibility:hidden, also
-    written with entities (`&colon;`) or CSS comments (`display:/**/none`), or the
-    `hidden` attribute."""
-    for tag in _STYLED_TAG.finditer(markup):
-        style = re.sub(r"/\*.*?\*/", "", html.unescape(tag.group()))
-        if _HIDING_STYLE.search(style):
-            return True
-    return False
+    """A tag that hides its element: display:none or visibility:hidden (also written with
+    entities or CSS comments: `display:/**/none`), or the `hidden` attribute."""
+    return any(_HIDING_STYLE.search(re.sub(r"/\*.*?\*/", "", html.unescape(tag.group())))
+               for tag in _STYLED_TAG.finditer(markup))
 
 
 STRUCTURE_CHECKS = [("html_comment_directive", hidden_comment_directive),

@@ -192,6 +192,25 @@ def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> st
             f"read the file to see them ...]\n{tail}")
 
 
+#: teaching
+def read_context_file(path: Path, follow_links: bool = False) -> str | None:
+    """The file's text, None if there is no such file, or a one-line SKIPPED notice. A
+    link is refused unless `follow_links`: a cloned project can point AGENTS.md at a key
+    file, and the prompt goes to the endpoint (the user's own home is trusted)."""
+    try:
+        if path.is_symlink() and not follow_links:
+            return f"[SKIPPED: {path.name} is a symbolic link; context files must be regular files]"
+        if not path.is_file():
+            return None
+        if path.stat().st_size > MAX_CONTEXT_FILE_BYTES:
+            return f"[SKIPPED: {path.name} is larger than {MAX_CONTEXT_FILE_BYTES:,} bytes]"
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"[SKIPPED: {path.name} could not be read: {exc.strerror or type(exc).__name__}]"
+    return text.removeprefix("\ufeff")      # some editors start files with a BOM
+
+
+#: hardened
 def read_context_file(path: Path, follow_links: bool = False) -> str | None:
     """The file's text, None if there is no such file, or a one-line SKIPPED notice.
     A symbolic link is refused unless `follow_links`: a cloned repository can point
@@ -354,6 +373,27 @@ def in_main_script(word: re.Match) -> str:
 _MARKUP = re.compile(r"<!--(?:(?!<!--).)*?-->|</?[a-z][^<>]*>", re.IGNORECASE | re.DOTALL)
 
 
+#: teaching
+def fold_text(normal: str) -> str:
+    """What the word rules read: the text in lower case, without the markup that can split
+    or disguise a key word (`ig<b></b>nore`, `&#105;gnore`, `ign\\ore`, `**all**`). What was
+    inside tags and comments follows as paragraphs of its own."""
+    insides = []
+
+    def cut_out(markup: re.Match) -> str:
+        insides.append(markup.group().strip("<!-/>"))
+        return ""
+
+    text = "\n\n".join([_MARKUP.sub(cut_out, normal), *insides])
+    text = normalise_text(html.unescape(text))
+    text = re.sub(r"\\\n", " ", text)                       # curl … \<newline> -d …
+    text = re.sub(r"[\\*~`]+|_+(?!\w)|_(?<!\w_)_*", "", text)   # but snake_case stays
+    text = re.sub(r"[^\S\n]{2,}|[^\S\n ]", " ", text)       # tabs, NBSP … → one space
+    text = text.lower().replace(" \n", "\n").replace("\n ", "\n")    # see _GAP
+    return re.sub(r"\bany and all\b", "all", text)
+
+
+#: hardened
 def fold_text(normal: str) -> str:
     """What the word rules read: the text in lower case, without the markup that can
     split or disguise a key word. Tags and comments are cut out (`ig<b></b>nore`,
@@ -404,6 +444,20 @@ def _zh(*keywords: str) -> re.Pattern:
     return re.compile(r"[^\n.,;:!?。、]{0,10}".join(keywords))
 
 
+#: teaching
+def _first(*words: str, negatable: bool = False) -> str:
+    """A rule's first key word: one of `words`, not inside another word and, if it is
+    `negatable`, not right after a negation (the checks follow the word: that is faster)."""
+    forms = []
+    for word in words:
+        # Chinese has no spaces between words, so there is no word boundary to check.
+        before = [] if re.match("[\u4e00-\u9fff]", word) else [r"\w"]
+        before += _NEGATIONS if negatable else []
+        forms.append(word + "".join(f"(?<!{text}{word})" for text in before))
+    return f"(?:{'|'.join(forms)})"
+
+
+#: hardened
 def _first(*words: str, negatable: bool = False) -> str:
     """A rule's first key word: one of `words`, not inside another word and, if it is
     `negatable`, not right after a negation. The word comes first and the checks on
@@ -638,13 +692,10 @@ _HIDING_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden|\shidden
 
 #: teaching
 def hidden_comment_directive(markup: str) -> bool:
-    """An HTML comment, closed or not, that contains a directive keyword, also written
-    with entities. (A formatter's marker such as `<!-- prettier-ignore -->` is not a
-    directive.)"""
-    for hidden in _HIDDEN_TEXT.finditer(markup):
-        if _COMMENT_KEYWORD.search(html.unescape(_TOOL_COMMENT.sub("", hidden.group()))):
-            return True
-    return False
+    """An HTML comment, closed or not, that holds a directive keyword (also written with
+    entities); a formatter's marker such as `<!-- prettier-ignore -->` is none."""
+    return any(_COMMENT_KEYWORD.search(html.unescape(_TOOL_COMMENT.sub("", hidden.group())))
+               for hidden in _HIDDEN_TEXT.finditer(markup))
 
 
 #: hardened
@@ -707,6 +758,15 @@ def opens_a_sentence(text: str, at: int) -> bool:
     return (at <= 30 and not before.strip()) or bool(_SENTENCE_BREAK.search(before))
 
 
+#: teaching
+def hidden_element(markup: str) -> bool:
+    """A tag that hides its element: display:none or visibility:hidden (also written with
+    entities or CSS comments: `display:/**/none`), or the `hidden` attribute."""
+    return any(_HIDING_STYLE.search(re.sub(r"/\*.*?\*/", "", html.unescape(tag.group())))
+               for tag in _STYLED_TAG.finditer(markup))
+
+
+#: hardened
 def hidden_element(markup: str) -> bool:
     """An HTML tag that hides its element: display:none, visibility:hidden, also
     written with entities (`&colon;`) or CSS comments (`display:/**/none`), or the
