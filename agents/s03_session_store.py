@@ -175,13 +175,10 @@ class SessionStore:
 
 
 class RecordedMessages(list):
-    """A message list that saves each message as it is appended, once the session exists.
-
-    The loop keeps calling messages.append(...) as before; persistence happens here.
-    A session is stored from the model's first answer on: a first turn that failed
-    (no key, a wrong URL) leaves no empty session in /sessions or for --continue.
-    If the database fails later (locked, disk full), we warn once and keep going.
-    """
+    """A message list that saves each message as it is appended (the loop is unchanged).
+    A session is stored from the model's first answer on, so a failed first turn (no
+    key, a wrong URL) leaves no empty session. If the database fails later (locked,
+    disk full), we warn once and keep going."""
 
     def __init__(self, store: SessionStore, session_id: str, model: str, messages=()):
         super().__init__(messages)

@@ -3,35 +3,25 @@
 
 What this stage adds
     Before each model call the loop estimates the tokens (characters / 4, plus a little
-    per message). Above half of --context-length it shrinks the list the model sees:
-    first it prunes old, bulky tool outputs to one-line placeholders; if that is not
-    enough, one auxiliary model call with no tools summarises the middle into one
-    message. The head and the newest messages are never summarised, a tool call is
-    never cut off from its results, and a later summary updates the earlier one. If
-    summarising fails, the turn goes on with a warning. The store keeps the full record.
-
-    before every model call: compress_context()
-      estimate_tokens() <= 50 % of --context-length ──▶ send the messages as they are
-      above ─▶ 1. prune_tool_outputs()    old tool results ─▶ "[tool output pruned …]"
-               still above ─▶ 2. summarise_middle()   one auxiliary call, no tools
+    per message). Above half of --context-length it shrinks what the model sees: first
+    old, bulky tool outputs become one-line placeholders; if that is not enough, one
+    auxiliary model call summarises the middle into one message. The head and the
+    newest messages are kept, a tool call keeps its results, and a later summary
+    updates the earlier one. The store keeps the full record.
 
     ┌─ head ────────────────────────┐┌─ middle ──────────┐┌─ tail ─────────────────┐
     system · user 1 · first answer   … turns 2 … n-1 …     newest · latest user …
     └─ never summarised ────────────┘└─ one summary ─────┘└─ never summarised ─────┘
 
 Reading guide
-    Start right below the imports: "[s05] Context compression" is this stage's lesson:
-    estimate_tokens(), then compress_context() and its two steps, prune_tool_outputs()
-    and summarise_middle(), then call_auxiliary_model(). "[s05] Compression details"
-    holds where the cuts go (head_end(), tail_start(), unsaved_start()) and what the
-    summariser is sent. Earlier stages follow, newest first; the command line, the REPL
-    (/compress is under "[s05] Compression commands") and the offline model come last,
-    and the wiring at the very end registers the tools.
+    "[s05] Context compression" is the lesson: estimate_tokens(), compress_context() and
+    its two steps, prune_tool_outputs() and summarise_middle(). "[s05] Compression
+    details" holds where the cuts go and what the summariser is sent; /compress is
+    under "[s05] Compression commands".
     Changed in earlier stages' sections: run_conversation() in [s01]; RecordedMessages in
-    [s03]; and 10 definitions of the plumbing (python course/build.py --changes s05 lists
+    [s03]; and 9 definitions of the plumbing (python course/build.py --changes s05 lists
     them all).
 Run
-    python agents/s05_context_compression.py          # REPL (offline model without a key)
     python agents/s05_context_compression.py --demo   # the walk-through
     python agents/s05_context_compression.py --context-length 1000   # compress early
 Chapter
@@ -76,15 +66,10 @@ SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is bac
 
 
 def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of every message's content and tool calls
-    (as their JSON text: id, name, arguments), divided by CHARS_PER_TOKEN, plus
-    MESSAGE_OVERHEAD_TOKENS for each message.
-
-    No tokenizer: this works for every model, costs nothing and only has to tell "far
-    from the limit" from "getting close". It is too low for Chinese or Japanese (about
-    one token per character, not four) and leaves out the tool definitions that go with
-    every request: the threshold of one half leaves room for both.
-    """
+    """A rough token count: the characters of the contents and tool calls divided by
+    CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to
+    tell "far from the limit" from "getting close"; the threshold of one half leaves room
+    for what it misses (Chinese: a token a character; the tool definitions)."""
     characters = 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
@@ -95,16 +80,10 @@ def estimate_tokens(messages: list) -> int:
 
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
                      force: bool = False, on_event=None) -> dict | None:
-    """Keep `messages` inside the context window; the loop calls this before every
-    model call. Works in place. Returns what it did, or None when the estimate was
-    not above the threshold. force=True (/compress) compresses whatever the estimate
-    says, and keeps no more than the current turn after the summary.
-
-    1. Prune: old, bulky tool outputs become one-line placeholders (cheap: no model call).
-    2. Only if still above the threshold (or forced): one auxiliary model call
-       summarises the middle, which becomes one summary message. If that fails,
-       on_event gets a warning and the turn goes on without a summary.
-    """
+    """Keep `messages` (in place) inside the context window: 1. prune old tool outputs
+    (cheap), 2. if still above the threshold, summarise the middle (one model call; if
+    it fails, a warning, and the turn goes on). Returns what it did, or None below the
+    threshold. force=True (/compress) compresses whatever the estimate says."""
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
     before = estimate_tokens(messages)
@@ -148,11 +127,9 @@ def prune_tool_outputs(messages: list, end: int) -> int:
 
 
 def summarise_middle(client, model: str, messages: list, start: int, end: int) -> int:
-    """Step 2: messages[start:end] become one summary message. The earlier summary, if
-    the middle starts with one, goes to the summariser and is replaced: summaries are
-    updated, never stacked. Returns how many messages were summarised. Raises if the
-    call fails, or if the summary would be no shorter than what it replaces: then
-    nothing changes."""
+    """Step 2: messages[start:end] become one summary message; an earlier summary there
+    is updated, never stacked. Returns how many were summarised. Raises, and changes
+    nothing, if the call fails or the summary is no shorter than what it replaces."""
     middle = messages[start:end]
     earlier = middle[0] if middle and is_summary(middle[0]) else None   # only ever there
     new = middle[1:] if earlier else middle
@@ -207,11 +184,9 @@ def head_end(messages: list) -> int:
 
 
 def tail_start(messages: list, head: int, budget: int) -> int:
-    """Where the tail kept after a summary begins: the newest messages whose estimate
-    fits in `budget` tokens, and in any case the latest user message after the head
-    (or, in a first turn that is still running, at least the last message). A tool
-    result never begins the tail: the cut moves back to the assistant message that
-    made the call, so a call and its results always stay together."""
+    """Where the tail kept after a summary begins: the newest messages that fit in
+    `budget` tokens, and at least the latest user message (or the last message). A tool
+    result never begins it: a call and its results always stay together."""
     start, used = len(messages), 0
     while start > head:
         used += estimate_tokens([messages[start - 1]])
@@ -679,13 +654,10 @@ class SessionStore:
 
 
 class RecordedMessages(list):
-    """A message list that saves each message as it is appended, once the session exists.
-
-    The loop keeps calling messages.append(...) as before; persistence happens here.
-    A session is stored from the model's first answer on: a first turn that failed
-    (no key, a wrong URL) leaves no empty session in /sessions or for --continue.
-    If the database fails later (locked, disk full), we warn once and keep going.
-    """
+    """A message list that saves each message as it is appended (the loop is unchanged).
+    A session is stored from the model's first answer on, so a failed first turn (no
+    key, a wrong URL) leaves no empty session. If the database fails later (locked,
+    disk full), we warn once and keep going."""
 
     def __init__(self, store: SessionStore, session_id: str, model: str, messages=()):
         super().__init__(messages)
@@ -1119,8 +1091,7 @@ def run_conversation(client, model: str, messages: list,
     The loop ends when the assistant message has no tool calls: we trust the
     message itself, not finish_reason, which some servers report wrongly.
     `tools` is the list of definitions offered (default: every available tool).
-    Before every model call, compress_context() keeps the messages inside the
-    model's `context_length` (s05).
+    Before every model call, compress_context() keeps the messages inside the window.
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
@@ -1653,23 +1624,17 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
-                        help=f"model calls per turn (default {MAX_ITERATIONS})")
-    known = ", ".join(REGISTRY.toolsets())
-    parser.add_argument("--toolsets", type=toolset_list, help=f"offer only these ({known})")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
     parser.add_argument("--context-length", type=positive_int, default=DEFAULT_CONTEXT_LENGTH,
-                        metavar="TOKENS", help=f"the model's context window (default "
-                        f"{DEFAULT_CONTEXT_LENGTH}); compression starts above "
-                        f"{COMPRESSION_THRESHOLD * 100:.0f}%% of it")
+                        metavar="TOKENS", help="the model's context window")
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
     resume.add_argument("--continue", dest="continue_session", action="store_true",
@@ -1909,12 +1874,8 @@ DEMO_CONTEXT_LENGTH = 1_000             # tokens: small enough to compress after
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call, "
-                "'search <words>' searches earlier sessions, 'prompt' describes my "
-                "system prompt, 'context' describes the conversation I received. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
+                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
                 "other providers) and start me again.")
 
 

@@ -3099,15 +3099,10 @@ SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is bac
 
 
 def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of every message's content and tool calls
-    (as their JSON text: id, name, arguments), divided by CHARS_PER_TOKEN, plus
-    MESSAGE_OVERHEAD_TOKENS for each message.
-
-    No tokenizer: this works for every model, costs nothing and only has to tell "far
-    from the limit" from "getting close". It is too low for Chinese or Japanese (about
-    one token per character, not four) and leaves out the tool definitions that go with
-    every request: the threshold of one half leaves room for both.
-    """
+    """A rough token count: the characters of the contents and tool calls divided by
+    CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to
+    tell "far from the limit" from "getting close"; the threshold of one half leaves room
+    for what it misses (Chinese: a token a character; the tool definitions)."""
     characters = 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
@@ -3118,16 +3113,10 @@ def estimate_tokens(messages: list) -> int:
 
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
                      force: bool = False, on_event=None) -> dict | None:
-    """Keep `messages` inside the context window; the loop calls this before every
-    model call. Works in place. Returns what it did, or None when the estimate was
-    not above the threshold. force=True (/compress) compresses whatever the estimate
-    says, and keeps no more than the current turn after the summary.
-
-    1. Prune: old, bulky tool outputs become one-line placeholders (cheap: no model call).
-    2. Only if still above the threshold (or forced): one auxiliary model call
-       summarises the middle, which becomes one summary message. If that fails,
-       on_event gets a warning and the turn goes on without a summary.
-    """
+    """Keep `messages` (in place) inside the context window: 1. prune old tool outputs
+    (cheap), 2. if still above the threshold, summarise the middle (one model call; if
+    it fails, a warning, and the turn goes on). Returns what it did, or None below the
+    threshold. force=True (/compress) compresses whatever the estimate says."""
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
     before = estimate_tokens(messages)
@@ -3171,11 +3160,9 @@ def prune_tool_outputs(messages: list, end: int) -> int:
 
 
 def summarise_middle(client, model: str, messages: list, start: int, end: int) -> int:
-    """Step 2: messages[start:end] become one summary message. The earlier summary, if
-    the middle starts with one, goes to the summariser and is replaced: summaries are
-    updated, never stacked. Returns how many messages were summarised. Raises if the
-    call fails, or if the summary would be no shorter than what it replaces: then
-    nothing changes."""
+    """Step 2: messages[start:end] become one summary message; an earlier summary there
+    is updated, never stacked. Returns how many were summarised. Raises, and changes
+    nothing, if the call fails or the summary is no shorter than what it replaces."""
     middle = messages[start:end]
     earlier = middle[0] if middle and is_summary(middle[0]) else None   # only ever there
     new = middle[1:] if earlier else middle
@@ -3230,11 +3217,9 @@ def head_end(messages: list) -> int:
 
 
 def tail_start(messages: list, head: int, budget: int) -> int:
-    """Where the tail kept after a summary begins: the newest messages whose estimate
-    fits in `budget` tokens, and in any case the latest user message after the head
-    (or, in a first turn that is still running, at least the last message). A tool
-    result never begins the tail: the cut moves back to the assistant message that
-    made the call, so a call and its results always stay together."""
+    """Where the tail kept after a summary begins: the newest messages that fit in
+    `budget` tokens, and at least the latest user message (or the last message). A tool
+    result never begins it: a call and its results always stay together."""
     start, used = len(messages), 0
     while start > head:
         used += estimate_tokens([messages[start - 1]])
@@ -3708,13 +3693,10 @@ class SessionStore:
 
 
 class RecordedMessages(list):
-    """A message list that saves each message as it is appended, once the session exists.
-
-    The loop keeps calling messages.append(...) as before; persistence happens here.
-    A session is stored from the model's first answer on: a first turn that failed
-    (no key, a wrong URL) leaves no empty session in /sessions or for --continue.
-    If the database fails later (locked, disk full), we warn once and keep going.
-    """
+    """A message list that saves each message as it is appended (the loop is unchanged).
+    A session is stored from the model's first answer on, so a failed first turn (no
+    key, a wrong URL) leaves no empty session. If the database fails later (locked,
+    disk full), we warn once and keep going."""
 
     def __init__(self, store: SessionStore, session_id: str, model: str, messages=()):
         super().__init__(messages)

@@ -364,6 +364,48 @@ class SessionStore:
         return [(*row[:4], like_snippet(row[4], words[0])) for row in rows]
 
 
+#: teaching
+class RecordedMessages(list):
+    """A message list that saves each message as it is appended (the loop is unchanged).
+    A session is stored from the model's first answer on, so a failed first turn (no
+    key, a wrong URL) leaves no empty session. If the database fails later (locked,
+    disk full), we warn once and keep going."""
+
+    def __init__(self, store: SessionStore, session_id: str, model: str, messages=()):
+        super().__init__(messages)
+        self.store = store
+        self.session_id = session_id
+        self.model = model
+        self.saved = len(self)              # messages given here came from the store
+
+    def append(self, message: dict) -> None:
+        super().append(message)
+        if self.store is None:
+            return
+        if self.saved == 0 and message["role"] != "assistant":
+            return                              # a session begins with the model's first answer
+        # A Ctrl-C between a commit and `self.saved` would make the next save repeat a
+        # message (UNIQUE constraint failed), so Ctrl-C is ignored for this millisecond.
+        was_armed, CtrlC.armed = CtrlC.armed, False
+        try:
+            self.save_unsaved()
+        except sqlite3.Error as exc:
+            err_console.print(Text(f"warning: could not save to the session store "
+                                   f"({first_line(exc)}); continuing without saving",
+                                   style="yellow"))
+            self.store = None
+        finally:
+            CtrlC.armed = was_armed
+
+    def save_unsaved(self) -> None:
+        if self.saved == 0:                     # nothing stored yet: create the session row
+            self.store.create_session(self.session_id, self.model, STAGE)
+        for seq in range(self.saved, len(self)):
+            self.store.add_message(self.session_id, seq, self[seq])
+        self.saved = len(self)
+
+
+#: hardened
 class RecordedMessages(list):
     """A message list that saves each message as it is appended, once the session exists.
 
