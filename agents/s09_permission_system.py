@@ -2662,7 +2662,8 @@ def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
     text, integer = {"type": "string"}, {"type": "integer"}
     registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
-                                check_fn=terminal_available, mutates=True))
+                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists(),
+                                mutates=True))
     registry.register(ToolEntry("read_file", "file", function_schema(
         "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
         {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
@@ -2704,14 +2705,12 @@ def parse_result(result: str) -> dict | None:
 
 
 def tool_path(path: str) -> Path:
-    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
-    return Path(path).expanduser()
+    return Path(path).expanduser()          # a leading ~ is the home folder, as in a shell
 
 
 def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
-    A temporary file in the same folder is renamed over the target: a rename is atomic,
-    so a crash or a full disk leaves the whole old file or the whole new one."""
+    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
+    a crash or a full disk leaves the whole old file or the whole new one)."""
     data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
     mode = target.stat().st_mode & 0o7777 if target.exists() else None
@@ -2733,13 +2732,9 @@ def write_text_atomically(target: Path, text: str) -> int:
 
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
-    path below the search root, `**` standing for any number of folders, even none."""
-    if "/" not in glob:
-        return fnmatch.fnmatch(relative.name, glob)
-    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
-    regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
-    regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
-    return re.fullmatch(regex, relative.as_posix()) is not None
+    path below the search root (`**/` may match no folder; here `*` may cross folders)."""
+    path, glob = relative.as_posix() if "/" in glob else relative.name, glob.removeprefix("./")
+    return fnmatch.fnmatch(path, glob) or fnmatch.fnmatch(path, glob.replace("**/", ""))
 
 
 def searchable_files(root: Path, glob: str | None):
@@ -2756,10 +2751,6 @@ def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
     entry = REGISTRY.get(name)
     return entry is None or entry.mutates
-
-
-def terminal_available() -> bool:
-    return os.name == "nt" or Path("/bin/sh").exists()
 
 # ── [s01] Settings ──────────────────────────────────────────────────────────
 
