@@ -1595,11 +1595,8 @@ def run_demo(session: Session) -> int:
                     return 1
             saved = store.load_messages(current.session_id)
             console.print(Text(f"\nThe model's list holds {len(current.messages)} messages; the "
-                               f"session store holds all {len(saved)}, the full record; "
-                               f"resuming loads them all:", style="bold"))
-            resume_session(Session(session.client, session.model, session.base_url,
-                                   session.max_iterations, session.tools, store),
-                           current.session_id)
+                               f"session store holds all {len(saved)}, the full record.",
+                               style="bold"))
         finally:
             store.close()
             if start is not None:

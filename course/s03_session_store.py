@@ -761,10 +761,6 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"same list as before: {second.messages == first.messages}",
                                style="dim"))
             demo_say(second, "$ cat plan.txt")
-            console.print(Text("\nA corrupt database: one warning, and the agent keeps working.",
-                               style="bold"))
-            (Path(home) / "broken.db").write_bytes(b"this is not a database" * 100)
-            demo_say(demo_session(session, open_store(Path(home) / "broken.db")), "$ echo ok")
         finally:
             os.chdir(start)
             ActiveSession.store = None

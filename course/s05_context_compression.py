@@ -732,6 +732,34 @@ DEMO_INPUTS = ["$ seq -s ' ' 1 100", "$ seq -s ' ' 101 200", "$ seq -s ' ' 201 3
                "context", "$ seq -s ' ' 301 400", "context"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    console.print(Text(f"A context length of {DEMO_CONTEXT_LENGTH} tokens: compression starts "
+                       f"above {int(DEMO_CONTEXT_LENGTH * COMPRESSION_THRESHOLD)}.", style="dim"))
+    start = current_directory()             # None if it was deleted: then there is no way back
+    with tempfile.TemporaryDirectory(prefix="s05-demo-") as folder:
+        os.chdir(folder)                    # no context files: a short system prompt
+        store = SessionStore(Path(folder) / STATE_DB_NAME)
+        try:
+            current = Session(session.client, session.model, session.base_url,
+                              session.max_iterations, session.tools, store, DEMO_CONTEXT_LENGTH)
+            for line in DEMO_INPUTS:
+                console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                if not run_turn(current, line):
+                    return 1
+            saved = store.load_messages(current.session_id)
+            console.print(Text(f"\nThe model's list holds {len(current.messages)} messages; the "
+                               f"session store holds all {len(saved)}, the full record.",
+                               style="bold"))
+        finally:
+            store.close()
+            if start is not None:
+                os.chdir(start)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     console.print(Text(f"A context length of {DEMO_CONTEXT_LENGTH} tokens: compression starts "
