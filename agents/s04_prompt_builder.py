@@ -2,12 +2,11 @@
 """s04 · Prompt builder — the system prompt, and context files that may be poisoned.
 
 What this stage adds
-    Every session starts with a system prompt built in a fixed order: identity (SOUL.md
-    in the home folder, or a default), tool guidance, the project's context files
-    (AGENTS.md, .hermes.md, .cursorrules) and the environment. It is built once per
-    session and reused byte for byte. Each context file is scanned first (invisible
-    Unicode, orders to drop the rules, hidden HTML, secrets sent away); a file with any
-    finding is replaced by a one-line BLOCKED notice.
+    A session starts with a system prompt built once, in a fixed order: identity (SOUL.md
+    or a default), tool guidance, the project's context files (AGENTS.md, .hermes.md,
+    .cursorrules) and the environment. A context file with a finding of the injection
+    scanner (invisible Unicode, orders to drop the rules, hidden HTML, secrets sent
+    away) is replaced by a one-line BLOCKED notice.
 
     SOUL.md (home) ──┐                        ┌─ clean ──────────▶ the text, capped
     AGENTS.md ───────┤                        │
@@ -237,12 +236,8 @@ def _near(*keywords: str) -> re.Pattern:
 def _first(*words: str, negatable: bool = False) -> str:
     """A rule's first key word: one of `words`, not inside another word and, if it is
     `negatable`, not right after a negation (the checks follow the word: that is faster)."""
-    forms = []
-    for word in words:
-        # Chinese has no spaces between words, so there is no word boundary to check.
-        before = [] if re.match("[\u4e00-\u9fff]", word) else [r"\w"]
-        before += _NEGATIONS if negatable else []
-        forms.append(word + "".join(f"(?<!{text}{word})" for text in before))
+    before = [r"\w"] + (_NEGATIONS if negatable else [])
+    forms = [word + "".join(f"(?<!{text}{word})" for text in before) for word in words]
     return f"(?:{'|'.join(forms)})"
 
 

@@ -1117,12 +1117,8 @@ def _near(*keywords: str) -> re.Pattern:
 def _first(*words: str, negatable: bool = False) -> str:
     """A rule's first key word: one of `words`, not inside another word and, if it is
     `negatable`, not right after a negation (the checks follow the word: that is faster)."""
-    forms = []
-    for word in words:
-        # Chinese has no spaces between words, so there is no word boundary to check.
-        before = [] if re.match("[\u4e00-\u9fff]", word) else [r"\w"]
-        before += _NEGATIONS if negatable else []
-        forms.append(word + "".join(f"(?<!{text}{word})" for text in before))
+    before = [r"\w"] + (_NEGATIONS if negatable else [])
+    forms = [word + "".join(f"(?<!{text}{word})" for text in before) for word in words]
     return f"(?:{'|'.join(forms)})"
 
 
