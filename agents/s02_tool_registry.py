@@ -339,9 +339,13 @@ def write_text_atomically(target: Path, text: str) -> int:
 
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
-    path below the search root (`**/` may match no folder; here `*` may cross folders)."""
-    path, glob = relative.as_posix() if "/" in glob else relative.name, glob.removeprefix("./")
-    return fnmatch.fnmatch(path, glob) or fnmatch.fnmatch(path, glob.replace("**/", ""))
+    path below the search root, `**` standing for any number of folders, even none."""
+    if "/" not in glob:
+        return fnmatch.fnmatch(relative.name, glob)
+    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
+    regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
+    regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+    return re.fullmatch(regex, relative.as_posix()) is not None
 
 
 def searchable_files(root: Path, glob: str | None):
