@@ -14,10 +14,9 @@ What this stage adds
     └─ never summarised ────────────┘└─ one summary ─────┘└─ never summarised ─────┘
 
 Reading guide
-    "[s05] Context compression" is the lesson: estimate_tokens(), compress_context() and
-    its two steps, prune_tool_outputs() and summarise_middle(). "[s05] Compression
-    details" holds where the cuts go and what the summariser is sent; /compress is
-    under "[s05] Compression commands".
+    "[s05] Context compression" is the lesson: compress_context() and its two steps,
+    prune_tool_outputs() and summarise_middle(); "[s05] Compression details" holds where
+    the cuts go.
     Changed in earlier stages' sections: run_conversation() in [s01]; RecordedMessages in
     [s03]; and 9 definitions of the plumbing (python course/build.py --changes s05 lists
     them all).

@@ -4,11 +4,10 @@
 """s02 · Tool registry — tools as data, and the door every tool call passes.
 
 What this stage adds
-    Tools become registry entries (name, toolset, JSON schema, handler, an optional
-    availability check). The model is offered only the tools of enabled toolsets whose
-    check passes, and every call passes the validation door first: an unknown name or
-    arguments that do not fit the schema get a precise error, never a handler. Three
-    all-invalid turns in a row end the turn. File tools say exactly what landed.
+    Tools become registry entries (name, toolset, schema, handler, availability check).
+    Every call passes the validation door first: an unknown name or arguments that do
+    not fit the schema get a precise error, never a handler; three all-invalid turns in
+    a row end the turn. File tools say exactly what landed.
 
     model ──tool calls──▶ [s02] validation door ──valid──▶ registry.dispatch ──▶ handler
                                │ unknown name / bad JSON / wrong arguments
@@ -16,10 +15,9 @@ What this stage adds
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
 Reading guide
-    "[s02] Tool registry and the validation door" is the lesson: ToolEntry, ToolRegistry,
-    validate_tool_call(). Then the file tools and classify_tool_result(), their helpers
-    in "[s02] File tool details", the earlier stages, and the plumbing (/tools is under
-    "[s02] Tool commands").
+    "[s02] Tool registry and the validation door" is the lesson (validate_tool_call()),
+    then the file tools, their helpers in "[s02] File tool details", the earlier stages
+    and the plumbing (/tools is under "[s02] Tool commands").
     {changed elsewhere}
 Run
     python agents/s02_tool_registry.py --demo          # the walk-through

@@ -10,16 +10,13 @@ What this stage adds
     scanner (invisible Unicode, orders to drop the rules, hidden HTML, secrets sent
     away) is replaced by a one-line BLOCKED notice.
 
-    SOUL.md (home) ──┐                        ┌─ clean ──────────▶ the text, capped
-    AGENTS.md ───────┤                        │
-    .hermes.md ──────┼─▶ load_context_file() ─┼─ a finding ──────▶ [BLOCKED: … (ids) …]
-    .cursorrules ────┘   read, cap, scan      │
-                                              └─ link, too big ──▶ [SKIPPED: …]
+    AGENTS.md ──▶ load_context_file(): read, cap, scan ─┬─ clean ───▶ the text, capped
+                                                        ├─ a finding ─▶ [BLOCKED: … (ids) …]
+                                                        └─ a link ────▶ [SKIPPED: …]
 
 Reading guide
-    "[s04] The system prompt" is the lesson: build_system_prompt(). Then "[s04] Context
-    files and the injection scanner": load_context_file() and find_injection(), whose
-    rules are in "[s04] Scanner details". /prompt is under "[s04] Prompt commands".
+    "[s04] The system prompt" is the lesson: build_system_prompt(); then load_context_file()
+    and find_injection(), whose rules are in "[s04] Scanner details".
     {changed elsewhere}
 Run
     python agents/s04_prompt_builder.py --demo          # the walk-through

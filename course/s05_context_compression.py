@@ -16,10 +16,9 @@ What this stage adds
     └─ never summarised ────────────┘└─ one summary ─────┘└─ never summarised ─────┘
 
 Reading guide
-    "[s05] Context compression" is the lesson: estimate_tokens(), compress_context() and
-    its two steps, prune_tool_outputs() and summarise_middle(). "[s05] Compression
-    details" holds where the cuts go and what the summariser is sent; /compress is
-    under "[s05] Compression commands".
+    "[s05] Context compression" is the lesson: compress_context() and its two steps,
+    prune_tool_outputs() and summarise_middle(); "[s05] Compression details" holds where
+    the cuts go.
     {changed elsewhere}
 Run
     python agents/s05_context_compression.py --demo   # the walk-through
