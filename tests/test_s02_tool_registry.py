@@ -177,6 +177,8 @@ def test_unknown_toolset_is_a_one_line_error(stage):
     assert len(errors) == 1 and unknown in errors[0]
     assert "file, " in errors[0] and "terminal" in errors[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
+    disabled = run_main(stage, "--disable-toolsets", "fil", "-p", "hi")
+    assert disabled.returncode == 2 and "fil" in disabled.stderr and disabled.stdout == ""
 
 
 # ── file tools ────────────────────────────────────────────────────────────
