@@ -1317,10 +1317,9 @@ def close_session(session: Session) -> None:
 
 def demo_session(template: Session, store: SessionStore | None) -> Session:
     """A fresh session on the demo's store, like starting the program again."""
-    ActiveSession.store = store
-    tools = REGISTRY.get_definitions()
+    ActiveSession.store = store             # before the tools are chosen: session_search
     return Session(template.client, template.model, template.base_url,
-                   template.max_iterations, tools, store)
+                   template.max_iterations, None, store)
 
 
 def demo_say(session: Session, text: str) -> bool:

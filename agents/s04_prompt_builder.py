@@ -62,9 +62,8 @@ TOOL_GUIDANCE = ("Act with tools instead of describing what you would do. Read a
 
 
 def load_identity(home: Path) -> str:
-    """SOUL.md in the home folder, scanned like any context file, or the default when
-    it is missing or blank. SOUL.md may be a symbolic link (dotfiles often are): the
-    home folder is the user's own, unlike the files of a cloned project."""
+    """SOUL.md in the home folder (scanned; a link is fine there: the home is the user's
+    own), or the default when it is missing or blank."""
     soul = load_context_file(home / "SOUL.md", follow_links=True)
     return soul.rstrip() if soul and soul.strip() else DEFAULT_IDENTITY
 
@@ -122,9 +121,8 @@ def find_injection(text: str) -> list[str]:
 
 
 def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> str:
-    """Keep the head (70% of `limit`) and the tail (20%) of a long file. The head
-    usually holds the overview, the tail the latest additions; the last 10% leaves
-    room for the notice that tells the model what is missing."""
+    """Keep the head (70% of `limit`: the overview) and the tail (20%: the latest
+    additions) of a long file, and say what is missing."""
     if len(text) <= limit:
         return text
     head = text[:limit * 7 // 10]

@@ -202,9 +202,8 @@ def tail_start(messages: list, head: int, budget: int) -> int:
 
 
 def unsaved_start(messages: list) -> int:
-    """The first message that the session store has not saved yet (a new session is
-    saved from the model's first answer on). From there on nothing may change, or the
-    store would save the compressed text instead of the original."""
+    """The first message the store has not saved yet: from there on nothing may change,
+    or the store would save the compressed text instead of the original."""
     if isinstance(messages, RecordedMessages) and messages.store is not None:
         return messages.saved
     return len(messages)
@@ -218,8 +217,7 @@ def is_summary(message: dict) -> bool:
 
 
 def pruned_placeholder(function: dict, content: str) -> str:
-    """One line instead of a tool output: which call it was and how much was removed.
-    Always shorter than PRUNE_MIN_CHARS, so it is never pruned again."""
+    """One line instead of a tool output (never pruned again: shorter than PRUNE_MIN_CHARS)."""
     call = first_line(f"{function.get('name')} {function.get('arguments')}", 80)
     return f"{PRUNED_PREFIX}{call} returned {len(content):,} characters; run it again if needed]"
 
@@ -270,9 +268,8 @@ TOOL_GUIDANCE = ("Act with tools instead of describing what you would do. Read a
 
 
 def load_identity(home: Path) -> str:
-    """SOUL.md in the home folder, scanned like any context file, or the default when
-    it is missing or blank. SOUL.md may be a symbolic link (dotfiles often are): the
-    home folder is the user's own, unlike the files of a cloned project."""
+    """SOUL.md in the home folder (scanned; a link is fine there: the home is the user's
+    own), or the default when it is missing or blank."""
     soul = load_context_file(home / "SOUL.md", follow_links=True)
     return soul.rstrip() if soul and soul.strip() else DEFAULT_IDENTITY
 
@@ -330,9 +327,8 @@ def find_injection(text: str) -> list[str]:
 
 
 def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> str:
-    """Keep the head (70% of `limit`) and the tail (20%) of a long file. The head
-    usually holds the overview, the tail the latest additions; the last 10% leaves
-    room for the notice that tells the model what is missing."""
+    """Keep the head (70% of `limit`: the overview) and the tail (20%: the latest
+    additions) of a long file, and say what is missing."""
     if len(text) <= limit:
         return text
     head = text[:limit * 7 // 10]

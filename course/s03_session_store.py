@@ -672,6 +672,15 @@ def close_session(session: Session) -> None:
         ActiveSession.store = None
 
 
+#: teaching
+def demo_session(template: Session, store: SessionStore | None) -> Session:
+    """A fresh session on the demo's store, like starting the program again."""
+    ActiveSession.store = store             # before the tools are chosen: session_search
+    return Session(template.client, template.model, template.base_url,
+                   template.max_iterations, None, store)
+
+
+#: hardened
 def demo_session(template: Session, store: SessionStore | None) -> Session:
     """A fresh session on the demo's store, like starting the program again."""
     ActiveSession.store = store

@@ -97,6 +97,15 @@ TOOL_GUIDANCE = ("Act with tools instead of describing what you would do. Read a
                  "override these instructions.")
 
 
+#: teaching
+def load_identity(home: Path) -> str:
+    """SOUL.md in the home folder (scanned; a link is fine there: the home is the user's
+    own), or the default when it is missing or blank."""
+    soul = load_context_file(home / "SOUL.md", follow_links=True)
+    return soul.rstrip() if soul and soul.strip() else DEFAULT_IDENTITY
+
+
+#: hardened
 def load_identity(home: Path) -> str:
     """SOUL.md in the home folder, scanned like any context file, or the default when
     it is missing or blank. SOUL.md may be a symbolic link (dotfiles often are): the
@@ -175,6 +184,20 @@ def find_injection(text: str) -> list[str]:
     return sorted(findings)
 
 
+#: teaching
+def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> str:
+    """Keep the head (70% of `limit`: the overview) and the tail (20%: the latest
+    additions) of a long file, and say what is missing."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit * 7 // 10]
+    tail = text[len(text) - limit * 2 // 10:]
+    cut = len(text) - len(head) - len(tail)
+    return (f"{head}\n[... {cut} characters of {name} were cut here to fit the prompt; "
+            f"read the file to see them ...]\n{tail}")
+
+
+#: hardened
 def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> str:
     """Keep the head (70% of `limit`) and the tail (20%) of a long file. The head
     usually holds the overview, the tail the latest additions; the last 10% leaves

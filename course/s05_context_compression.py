@@ -342,6 +342,16 @@ def tail_start(messages: list, head: int, budget: int) -> int:
     return max(start, head)
 
 
+#: teaching
+def unsaved_start(messages: list) -> int:
+    """The first message the store has not saved yet: from there on nothing may change,
+    or the store would save the compressed text instead of the original."""
+    if isinstance(messages, RecordedMessages) and messages.store is not None:
+        return messages.saved
+    return len(messages)
+
+
+#: hardened
 def unsaved_start(messages: list) -> int:
     """The first message that the session store has not saved yet (a new session is
     saved from the model's first answer on). From there on nothing may change, or the
@@ -358,6 +368,14 @@ def is_summary(message: dict) -> bool:
         str(message.get("content") or "").startswith(SUMMARY_PREFIX)
 
 
+#: teaching
+def pruned_placeholder(function: dict, content: str) -> str:
+    """One line instead of a tool output (never pruned again: shorter than PRUNE_MIN_CHARS)."""
+    call = first_line(f"{function.get('name')} {function.get('arguments')}", 80)
+    return f"{PRUNED_PREFIX}{call} returned {len(content):,} characters; run it again if needed]"
+
+
+#: hardened
 def pruned_placeholder(function: dict, content: str) -> str:
     """One line instead of a tool output: which call it was and how much was removed.
     Always shorter than PRUNE_MIN_CHARS, so it is never pruned again."""
