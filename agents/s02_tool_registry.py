@@ -2,13 +2,10 @@
 """s02 · Tool registry — tools as data, and the door every tool call passes.
 
 What this stage adds
-    Tools become entries in a registry (name, toolset, JSON schema, handler, an optional
-    availability check, whether it changes state). The model is offered only tools whose
-    toolset is enabled and whose check passes. Every call first passes the validation
-    door: unknown names, arguments that are not a JSON object, and unexpected, missing
-    or mistyped argument names get a precise error instead of reaching a handler. Three
-    turns in a row with nothing but invalid calls end the turn. File tools return
-    results that say exactly what landed.
+    Tools become registry entries (name, toolset, schema, handler, availability check).
+    Every call passes the validation door first: an unknown name or arguments that do
+    not fit the schema get a precise error, never a handler; three all-invalid turns in
+    a row end the turn. File tools say exactly what landed.
 
     model ──tool calls──▶ [s02] validation door ──valid──▶ registry.dispatch ──▶ handler
                                │ unknown name / bad JSON / wrong arguments
@@ -16,18 +13,12 @@ What this stage adds
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
 Reading guide
-    Start right below the imports: "[s02] Tool registry and the validation door" is this
-    stage's lesson: ToolEntry, ToolRegistry, then validate_tool_call() (run_tool_calls()
-    in "[s01] The agent loop" calls it). Then "[s02] File tools and result
-    classification": read_file(), write_file(), patch(), search_files(),
-    classify_tool_result(), and their helpers in "[s02] File tool details" (atomic
-    writes, globs). The s01 sections follow; the command line, the REPL (/tools is under
-    "[s02] Tool commands") and the offline model come last, and the wiring at the very
-    end builds the registry.
+    "[s02] Tool registry and the validation door" is the lesson (validate_tool_call()),
+    then the file tools, their helpers in "[s02] File tool details", the earlier stages
+    and the plumbing (/tools is under "[s02] Tool commands").
     Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01]; and
     12 definitions of the plumbing (python course/build.py --changes s02 lists them all).
 Run
-    python agents/s02_tool_registry.py                 # REPL (offline model without a key)
     python agents/s02_tool_registry.py --demo          # the walk-through
     python agents/s02_tool_registry.py --disable-toolsets file -p '$ ls'
 Chapter
@@ -64,19 +55,14 @@ class ToolEntry:
 
     def __init__(self, name: str, toolset: str, schema: dict, handler: Callable[..., str],
                  check_fn: Callable[[], bool] | None = None, mutates: bool = False):
-        self.name = name
-        self.toolset = toolset
-        self.schema = schema
-        self.handler = handler
+        self.name, self.toolset, self.schema, self.handler = name, toolset, schema, handler
         self.check_fn = check_fn        # returns False (or raises) when the tool can't work here
         self.mutates = mutates          # may change files or state
 
     def is_available(self) -> bool:
         """A check that fails or raises hides the tool: fail closed."""
-        if self.check_fn is None:
-            return True
         try:
-            return bool(self.check_fn())
+            return self.check_fn is None or bool(self.check_fn())
         except Exception:
             return False
 
@@ -191,12 +177,13 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     chosen, total = [], 0
     # Line by line, so a log of several gigabytes never has to fit in memory.
     with open(target, encoding="utf-8", errors="replace") as file:
-        for total, text in enumerate(bounded_lines(file), start=1):
+        for total, text in enumerate(file, start=1):
             if offset <= total < offset + limit:
-                chosen.append(f"{total:>6}|{text}")
-    content = BoundedOutput()               # one huge line must not flood the model
-    content.add("\n".join(chosen))
-    return json.dumps({"path": str(target.resolve()), "content": content.text(),
+                text = text.rstrip("\n")
+                cut = len(text) - MAX_LINE_CHARS    # the model needs no more of one line
+                chosen.append(f"{total:>6}|{text[:MAX_LINE_CHARS]}"
+                              + (f" … [{cut} characters of this line cut]" if cut > 0 else ""))
+    return json.dumps({"path": str(target.resolve()), "content": "\n".join(chosen),
                        "total_lines": total,
                        "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
                       ensure_ascii=False)
@@ -205,9 +192,7 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
     target = tool_path(path)
-    if target.is_dir():
-        return error_result(f"is a directory: {path}")
-    try:
+    try:                                    # a folder: the rename fails, nothing changes
         written = write_text_atomically(target, content)
     except (ValueError, OSError) as exc:    # ValueError: text that UTF-8 cannot encode
         return error_result(f"nothing written to {path}: {exc}")
@@ -250,13 +235,15 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
-    files = [root] if root.is_file() else searchable_files(root, glob)
     matches = []
-    for file in files:
-        for number, text in matching_lines(regex, file):
-            matches.append(f"{file}:{number}: {text}")
-            if len(matches) >= MAX_SEARCH_MATCHES:
-                return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
+    for file in [root] if root.is_file() else searchable_files(root, glob):
+        with open(file, encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):    # numbered as read_file does
+                line = line.rstrip("\n")        # so `$` sees the line as read_file shows it
+                if regex.search(line):
+                    matches.append(f"{file}:{number}: {line[:200]}")
+                if len(matches) >= MAX_SEARCH_MATCHES:
+                    return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
     return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
 
 
@@ -269,18 +256,17 @@ def classify_tool_result(name: str, result: str) -> str:
         return "refused"
     if "error" in data:
         return "error"
-    if name == "write_file" and isinstance(data.get("bytes_written"), int):
-        return "landed"
-    if name == "patch" and data.get("success") is True:
-        return "landed"
-    return "ok"
+    landed = (name == "write_file" and isinstance(data.get("bytes_written"), int)) or \
+        (name == "patch" and data.get("success") is True)
+    return "landed" if landed else "ok"
 
 
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
     text, integer = {"type": "string"}, {"type": "integer"}
     registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
-                                check_fn=terminal_available, mutates=True))
+                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists(),
+                                mutates=True))
     registry.register(ToolEntry("read_file", "file", function_schema(
         "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
         {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
@@ -322,14 +308,12 @@ def parse_result(result: str) -> dict | None:
 
 
 def tool_path(path: str) -> Path:
-    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
-    return Path(path).expanduser()
+    return Path(path).expanduser()          # a leading ~ is the home folder, as in a shell
 
 
 def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
-    A temporary file in the same folder is renamed over the target: a rename is atomic,
-    so a crash or a full disk leaves the whole old file or the whole new one."""
+    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
+    a crash or a full disk leaves the whole old file or the whole new one)."""
     data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
     mode = target.stat().st_mode & 0o7777 if target.exists() else None
@@ -349,14 +333,6 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 
-def bounded_lines(file):
-    """The file's lines, each cut to MAX_LINE_CHARS: the model needs no more of a line."""
-    for line in file:
-        line = line.rstrip("\n")
-        cut = len(line) - MAX_LINE_CHARS
-        yield line[:MAX_LINE_CHARS] + (f" … [{cut} characters of this line cut]" if cut > 0 else "")
-
-
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
     path below the search root, `**` standing for any number of folders, even none."""
@@ -369,37 +345,19 @@ def glob_matches(relative: Path, glob: str) -> bool:
 
 
 def searchable_files(root: Path, glob: str | None):
-    """Regular files below `root` that `glob` matches (a FIFO would block a read forever)."""
+    """Readable regular files below `root` that `glob` matches (a FIFO would block a read)."""
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        for name in sorted(files):
-            file = Path(folder) / name
-            if glob is not None and not glob_matches(file.relative_to(root), glob):
-                continue
-            if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
+        for file in (Path(folder) / name for name in sorted(files)):
+            if (glob is None or glob_matches(file.relative_to(root), glob)) and file.is_file() \
+                    and os.access(file, os.R_OK) and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
                 yield file
-
-
-def matching_lines(regex, file: Path):
-    """(line number, line) for each line that matches; lines numbered as read_file does."""
-    try:
-        with open(file, encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, start=1):
-                line = line.rstrip("\n")       # so `$` and `\s` see the line as read_file shows it
-                if regex.search(line):
-                    yield number, line[:200]
-    except OSError:                         # a broken link or an unreadable file
-        return
 
 
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
     entry = REGISTRY.get(name)
     return entry is None or entry.mutates
-
-
-def terminal_available() -> bool:
-    return os.name == "nt" or Path("/bin/sh").exists()
 
 # ── [s01] Settings ──────────────────────────────────────────────────────────
 
@@ -773,18 +731,17 @@ def repl(session: Session) -> int:
 
 DEMO_INPUTS = [
     "write notes/hello.txt Hello from the tool registry",
-    "read notes/hello.txt",
     'call patch {"path": "notes/hello.txt", "old_string": "Hello", "new_string": "Goodbye"}',
     "$ cat notes/hello.txt",
-    'call patch {"path": "notes/hello.txt", "old_string": "missing text", "new_string": "x"}',
-    'call read_file {"path": "notes/hello.txt", "lines": 3}',
     "call no_such_tool {}",
 ]
 
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    demo_availability()
+    offered = REGISTRY.get_definitions(disabled_toolsets={"file"})
+    console.print(Text("With --disable-toolsets file: "
+                       + ", ".join(tool["function"]["name"] for tool in offered)))
     start = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="s02-demo-") as workdir:
         os.chdir(workdir)                   # the demo writes files: keep them out of your folder
@@ -795,8 +752,6 @@ def run_demo(session: Session) -> int:
                     return 1
         finally:
             os.chdir(start)
-    console.print(Text("\nThe last turn stopped after three rejected calls in a row; every "
-                       "call still got exactly one result.", style="bold"))
     return 0
 
 
@@ -808,19 +763,14 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model",
-                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
-                        help=f"model calls per turn (default {MAX_ITERATIONS})")
-    known = ", ".join(REGISTRY.toolsets())
-    parser.add_argument("--toolsets", type=toolset_list, help=f"offer only these ({known})")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
     return parser.parse_args(argv)
 
@@ -920,30 +870,14 @@ def toolset_list(text: str) -> set[str]:
                                          f"(known: {', '.join(REGISTRY.toolsets())})")
     return names
 
-
-def demo_availability() -> None:
-    """Toolsets and check_fn decide what the model is offered."""
-    def offered(tools):
-        return ", ".join(tool["function"]["name"] for tool in tools)
-    console.print(Text(f"Offered by default:           {offered(REGISTRY.get_definitions())}"))
-    console.print(Text(f"With --disable-toolsets file: "
-                       f"{offered(REGISTRY.get_definitions(disabled_toolsets={'file'}))}"))
-    broken = ToolRegistry()
-    broken.register(ToolEntry("gpu_info", "demo", function_schema("gpu_info", "GPU", {}, []),
-                              lambda: "{}", check_fn=lambda: 1 / 0))
-    console.print(Text(f"A tool whose check_fn raises is offered as: "
-                       f"[{offered(broken.get_definitions())}]"))
-
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
+                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
                 "other providers) and start me again.")
 
 
@@ -972,12 +906,7 @@ def offline_summary(messages: list) -> str:
         results.insert(0, message.get("content") or "")
     lines = []
     for result in results:
-        try:
-            data = json.loads(result)
-        except json.JSONDecodeError:
-            data = {"output": result}
-        if not isinstance(data, dict):
-            data = {"output": result}
+        data = parse_result(result) or {"output": result}
         if "exit_code" in data:
             output = first_line(data.get("output", ""), 120) or "(no output)"
             lines.append(f"The command exited with code {data['exit_code']}; "

@@ -4,13 +4,10 @@
 """s02 · Tool registry — tools as data, and the door every tool call passes.
 
 What this stage adds
-    Tools become entries in a registry (name, toolset, JSON schema, handler, an optional
-    availability check, whether it changes state). The model is offered only tools whose
-    toolset is enabled and whose check passes. Every call first passes the validation
-    door: unknown names, arguments that are not a JSON object, and unexpected, missing
-    or mistyped argument names get a precise error instead of reaching a handler. Three
-    turns in a row with nothing but invalid calls end the turn. File tools return
-    results that say exactly what landed.
+    Tools become registry entries (name, toolset, schema, handler, availability check).
+    Every call passes the validation door first: an unknown name or arguments that do
+    not fit the schema get a precise error, never a handler; three all-invalid turns in
+    a row end the turn. File tools say exactly what landed.
 
     model ──tool calls──▶ [s02] validation door ──valid──▶ registry.dispatch ──▶ handler
                                │ unknown name / bad JSON / wrong arguments
@@ -18,17 +15,11 @@ What this stage adds
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
 Reading guide
-    Start right below the imports: "[s02] Tool registry and the validation door" is this
-    stage's lesson: ToolEntry, ToolRegistry, then validate_tool_call() (run_tool_calls()
-    in "[s01] The agent loop" calls it). Then "[s02] File tools and result
-    classification": read_file(), write_file(), patch(), search_files(),
-    classify_tool_result(), and their helpers in "[s02] File tool details" (atomic
-    writes, globs). The s01 sections follow; the command line, the REPL (/tools is under
-    "[s02] Tool commands") and the offline model come last, and the wiring at the very
-    end builds the registry.
+    "[s02] Tool registry and the validation door" is the lesson (validate_tool_call()),
+    then the file tools, their helpers in "[s02] File tool details", the earlier stages
+    and the plumbing (/tools is under "[s02] Tool commands").
     {changed elsewhere}
 Run
-    python agents/s02_tool_registry.py                 # REPL (offline model without a key)
     python agents/s02_tool_registry.py --demo          # the walk-through
     python agents/s02_tool_registry.py --disable-toolsets file -p '$ ls'
 Chapter
@@ -95,6 +86,25 @@ from typing import Callable
 MAX_INVALID_TURNS = 3                   # all-invalid turns in a row before we stop
 
 
+#: teaching
+class ToolEntry:
+    """One tool, described as data. `schema` is what the model is shown."""
+
+    def __init__(self, name: str, toolset: str, schema: dict, handler: Callable[..., str],
+                 check_fn: Callable[[], bool] | None = None, mutates: bool = False):
+        self.name, self.toolset, self.schema, self.handler = name, toolset, schema, handler
+        self.check_fn = check_fn        # returns False (or raises) when the tool can't work here
+        self.mutates = mutates          # may change files or state
+
+    def is_available(self) -> bool:
+        """A check that fails or raises hides the tool: fail closed."""
+        try:
+            return self.check_fn is None or bool(self.check_fn())
+        except Exception:
+            return False
+
+
+#: hardened
 class ToolEntry:
     """One tool, described as data. `schema` is what the model is shown."""
 
@@ -219,6 +229,30 @@ SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 
 
+#: teaching
+def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
+    """Numbered lines `offset`..`offset+limit-1` of a text file."""
+    target = tool_path(path)
+    if not target.is_file():
+        return error_result(f"not a file: {path}")
+    if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
+        return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
+    chosen, total = [], 0
+    # Line by line, so a log of several gigabytes never has to fit in memory.
+    with open(target, encoding="utf-8", errors="replace") as file:
+        for total, text in enumerate(file, start=1):
+            if offset <= total < offset + limit:
+                text = text.rstrip("\n")
+                cut = len(text) - MAX_LINE_CHARS    # the model needs no more of one line
+                chosen.append(f"{total:>6}|{text[:MAX_LINE_CHARS]}"
+                              + (f" … [{cut} characters of this line cut]" if cut > 0 else ""))
+    return json.dumps({"path": str(target.resolve()), "content": "\n".join(chosen),
+                       "total_lines": total,
+                       "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
+                      ensure_ascii=False)
+
+
+#: hardened
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
@@ -240,6 +274,19 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
                       ensure_ascii=False)
 
 
+#: teaching
+def write_file(path: str, content: str) -> str:
+    """Create or overwrite a file (and its parent folders)."""
+    target = tool_path(path)
+    try:                                    # a folder: the rename fails, nothing changes
+        written = write_text_atomically(target, content)
+    except (ValueError, OSError) as exc:    # ValueError: text that UTF-8 cannot encode
+        return error_result(f"nothing written to {path}: {exc}")
+    return json.dumps({"bytes_written": written, "path": str(target.resolve())},
+                      ensure_ascii=False)
+
+
+#: hardened
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
     target = tool_path(path)
@@ -289,13 +336,15 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
         return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
                             f"read it in parts with read_file")
-    files = [root] if root.is_file() else searchable_files(root, glob)
     matches = []
-    for file in files:
-        for number, text in matching_lines(regex, file):
-            matches.append(f"{file}:{number}: {text}")
-            if len(matches) >= MAX_SEARCH_MATCHES:
-                return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
+    for file in [root] if root.is_file() else searchable_files(root, glob):
+        with open(file, encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):    # numbered as read_file does
+                line = line.rstrip("\n")        # so `$` sees the line as read_file shows it
+                if regex.search(line):
+                    matches.append(f"{file}:{number}: {line[:200]}")
+                if len(matches) >= MAX_SEARCH_MATCHES:
+                    return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
     return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
 
 
@@ -325,6 +374,22 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
                       ensure_ascii=False)
 
 
+#: teaching
+def classify_tool_result(name: str, result: str) -> str:
+    """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
+    data = parse_result(result)
+    if data is None:                    # plain text: the door's and dispatch's errors
+        return "error" if result.startswith(("Error", "Tool '")) else "ok"
+    if data.get("refused") is True:     # guards in later stages refuse with this flag
+        return "refused"
+    if "error" in data:
+        return "error"
+    landed = (name == "write_file" and isinstance(data.get("bytes_written"), int)) or \
+        (name == "patch" and data.get("success") is True)
+    return "landed" if landed else "ok"
+
+
+#: hardened
 def classify_tool_result(name: str, result: str) -> str:
     """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
     data = parse_result(result)
@@ -341,6 +406,33 @@ def classify_tool_result(name: str, result: str) -> str:
     return "ok"
 
 
+#: teaching
+def build_registry() -> ToolRegistry:
+    registry = ToolRegistry()
+    text, integer = {"type": "string"}, {"type": "integer"}
+    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
+                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists(),
+                                mutates=True))
+    registry.register(ToolEntry("read_file", "file", function_schema(
+        "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
+        {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
+    registry.register(ToolEntry("write_file", "file", function_schema(
+        "write_file", "Create or overwrite a file with the given content.",
+        {"path": text, "content": text}, ["path", "content"]), write_file, mutates=True))
+    registry.register(ToolEntry("patch", "file", function_schema(
+        "patch", "Replace old_string with new_string in a file; old_string must be unique "
+                 "unless replace_all is true.",
+        {"path": text, "old_string": text, "new_string": text,
+         "replace_all": {"type": "boolean"}}, ["path", "old_string", "new_string"]),
+        patch, mutates=True))
+    registry.register(ToolEntry("search_files", "file", function_schema(
+        "search_files", "Search files for a regular expression; optional glob: a file "
+                        "name (*.py) or a path below `path` (src/**/*.py).",
+        {"pattern": text, "path": text, "glob": text}, ["pattern"]), search_files))
+    return registry
+
+
+#: hardened
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
     text, integer = {"type": "string"}, {"type": "integer"}
@@ -388,8 +480,7 @@ def parse_result(result: str) -> dict | None:
 
 #: teaching
 def tool_path(path: str) -> Path:
-    """The path a tool was given; a leading ~ means the home folder, as in a shell."""
-    return Path(path).expanduser()
+    return Path(path).expanduser()          # a leading ~ is the home folder, as in a shell
 
 
 #: hardened
@@ -403,9 +494,8 @@ def tool_path(path: str) -> Path:
 
 #: teaching
 def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
-    A temporary file in the same folder is renamed over the target: a rename is atomic,
-    so a crash or a full disk leaves the whole old file or the whole new one."""
+    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
+    a crash or a full disk leaves the whole old file or the whole new one)."""
     data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
     mode = target.stat().st_mode & 0o7777 if target.exists() else None
@@ -458,15 +548,6 @@ def write_text_atomically(target: Path, text: str) -> int:
         temporary.unlink(missing_ok=True)
         raise
     return len(data)
-
-
-#: teaching
-def bounded_lines(file):
-    """The file's lines, each cut to MAX_LINE_CHARS: the model needs no more of a line."""
-    for line in file:
-        line = line.rstrip("\n")
-        cut = len(line) - MAX_LINE_CHARS
-        yield line[:MAX_LINE_CHARS] + (f" … [{cut} characters of this line cut]" if cut > 0 else "")
 
 
 #: hardened
@@ -534,28 +615,13 @@ def after_double_stars(reached: set, pieces: list) -> set:
 
 #: teaching
 def searchable_files(root: Path, glob: str | None):
-    """Regular files below `root` that `glob` matches (a FIFO would block a read forever)."""
+    """Readable regular files below `root` that `glob` matches (a FIFO would block a read)."""
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        for name in sorted(files):
-            file = Path(folder) / name
-            if glob is not None and not glob_matches(file.relative_to(root), glob):
-                continue
-            if file.is_file() and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
+        for file in (Path(folder) / name for name in sorted(files)):
+            if (glob is None or glob_matches(file.relative_to(root), glob)) and file.is_file() \
+                    and os.access(file, os.R_OK) and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
                 yield file
-
-
-#: teaching
-def matching_lines(regex, file: Path):
-    """(line number, line) for each line that matches; lines numbered as read_file does."""
-    try:
-        with open(file, encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, start=1):
-                line = line.rstrip("\n")       # so `$` and `\s` see the line as read_file shows it
-                if regex.search(line):
-                    yield number, line[:200]
-    except OSError:                         # a broken link or an unreadable file
-        return
 
 
 #: hardened
@@ -641,6 +707,7 @@ def tool_may_have_side_effect(name: str) -> bool:
     return entry is None or entry.mutates
 
 
+#: hardened
 def terminal_available() -> bool:
     return os.name == "nt" or Path("/bin/sh").exists()
 
@@ -667,6 +734,7 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 
+#: hardened
 def demo_availability() -> None:
     """Toolsets and check_fn decide what the model is offered."""
     def offered(tools):
@@ -807,6 +875,35 @@ def run_turn(session: Session, user_text: str) -> bool:
     return True
 
 
+#: teaching
+DEMO_INPUTS = [
+    "write notes/hello.txt Hello from the tool registry",
+    'call patch {"path": "notes/hello.txt", "old_string": "Hello", "new_string": "Goodbye"}',
+    "$ cat notes/hello.txt",
+    "call no_such_tool {}",
+]
+
+
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    offered = REGISTRY.get_definitions(disabled_toolsets={"file"})
+    console.print(Text("With --disable-toolsets file: "
+                       + ", ".join(tool["function"]["name"] for tool in offered)))
+    start = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="s02-demo-") as workdir:
+        os.chdir(workdir)                   # the demo writes files: keep them out of your folder
+        try:
+            for text in DEMO_INPUTS:
+                console.print(Text(f"\n{STAGE}> {text}", style="bold"))
+                if not run_turn(session, text):
+                    return 1
+        finally:
+            os.chdir(start)
+    return 0
+
+
+#: hardened
 DEMO_INPUTS = [
     "write notes/hello.txt Hello from the tool registry",
     "read notes/hello.txt",
@@ -818,6 +915,7 @@ DEMO_INPUTS = [
 ]
 
 
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     demo_availability()
@@ -836,6 +934,21 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
+    parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
+    return parser.parse_args(argv)
+
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -871,6 +984,17 @@ def open_session(args) -> Session:
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations, tools)
 
+#: teaching
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
+# real openai client builds requests and parses responses exactly as it would
+# against a real endpoint.
+
+OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
+                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
+                "other providers) and start me again.")
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.
@@ -898,6 +1022,40 @@ def offline_plan(text: str):
     return None
 
 
+#: teaching
+def offline_summary(messages: list) -> str:
+    """Summarise the tool results that follow the last assistant message."""
+    results = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, message.get("content") or "")
+    lines = []
+    for result in results:
+        data = parse_result(result) or {"output": result}
+        if "exit_code" in data:
+            output = first_line(data.get("output", ""), 120) or "(no output)"
+            lines.append(f"The command exited with code {data['exit_code']}; "
+                         f"first line of output: {output}")
+            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
+            if cut:
+                lines.append(f"The output was long: I received its start and end, "
+                             f"{cut.group(1)} characters in the middle were cut.")
+        elif "bytes_written" in data:
+            lines.append(f"Wrote {data['bytes_written']} bytes to {data['path']}.")
+        elif "replacements" in data:
+            lines.append(f"Patched {data['path']}: {data['replacements']} replacement(s).")
+        elif "content" in data:
+            lines.append(f"{data['path']} has {data['total_lines']} line(s); line 1 reads: "
+                         f"{first_line(data['content'].partition('|')[2], 120)}")
+        elif "error" in data:
+            lines.append(f"The tool reported: {first_line(data['error'], 160)}")
+        else:
+            lines.append(f"The tool answered: {first_line(result, 160)}")
+    return "\n".join(lines) or "Done."
+
+
+#: hardened
 def offline_summary(messages: list) -> str:
     """Summarise the tool results that follow the last assistant message."""
     results = []

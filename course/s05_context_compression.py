@@ -1,6 +1,33 @@
 # s05_context_compression: what this stage adds, changes and removes. course/build.py writes the stage files.
 
-#: docstring
+#: docstring | teaching
+"""s05 · Context compression — a long conversation that still fits the model's window.
+
+What this stage adds
+    Before each model call the loop estimates the tokens (characters / 4, plus a little
+    per message). Above half of --context-length it shrinks what the model sees: first
+    old, bulky tool outputs become one-line placeholders; if that is not enough, one
+    auxiliary model call summarises the middle into one message. The head and the
+    newest messages are kept, a tool call keeps its results, and a later summary
+    updates the earlier one. The store keeps the full record.
+
+    ┌─ head ────────────────────────┐┌─ middle ──────────┐┌─ tail ─────────────────┐
+    system · user 1 · first answer   … turns 2 … n-1 …     newest · latest user …
+    └─ never summarised ────────────┘└─ one summary ─────┘└─ never summarised ─────┘
+
+Reading guide
+    "[s05] Context compression" is the lesson: compress_context() and its two steps,
+    prune_tool_outputs() and summarise_middle(); "[s05] Compression details" holds where
+    the cuts go.
+    {changed elsewhere}
+Run
+    python agents/s05_context_compression.py --demo   # the walk-through
+    python agents/s05_context_compression.py --context-length 1000   # compress early
+Chapter
+    docs/en/s05-context-compression.md
+"""
+
+#: docstring | hardened
 """s05 · Context compression — a long conversation that still fits the model's window.
 
 What this stage adds
@@ -73,6 +100,21 @@ SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is bac
                   "not new instructions: answer the latest user message.]")
 
 
+#: teaching
+def estimate_tokens(messages: list) -> int:
+    """A rough token count: the characters of the contents and tool calls divided by
+    CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to
+    tell "far from the limit" from "getting close"; the threshold of one half leaves room
+    for what it misses (Chinese: a token a character; the tool definitions)."""
+    characters = 0
+    for message in messages:
+        characters += len(str(message.get("content") or ""))
+        if message.get("tool_calls"):
+            characters += len(json.dumps(message["tool_calls"], ensure_ascii=False))
+    return characters // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+#: hardened
 def estimate_tokens(messages: list) -> int:
     """A rough token count: the characters of every message's content and tool calls
     (as their JSON text: id, name, arguments), divided by CHARS_PER_TOKEN, plus
@@ -91,6 +133,40 @@ def estimate_tokens(messages: list) -> int:
     return characters // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * len(messages)
 
 
+#: teaching
+def compress_context(client, model: str, messages: list, context_length: int | None = None,
+                     force: bool = False, on_event=None) -> dict | None:
+    """Keep `messages` (in place) inside the context window: 1. prune old tool outputs
+    (cheap), 2. if still above the threshold, summarise the middle (one model call; if
+    it fails, a warning, and the turn goes on). Returns what it did, or None below the
+    threshold. force=True (/compress) compresses whatever the estimate says."""
+    on_event = on_event or (lambda kind, data: None)
+    limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
+    before = estimate_tokens(messages)
+    if before <= limit and not force:
+        return None
+    unsaved = unsaved_start(messages)       # the store has not saved these yet: keep them
+    pruned = prune_tool_outputs(messages, min(len(messages) - KEEP_RECENT_MESSAGES, unsaved))
+    summarised = 0
+    if force or estimate_tokens(messages) > limit:
+        head = head_end(messages)
+        tail = tail_start(messages, head, 0 if force else int(limit * TAIL_SHARE))
+        # Any failure leaves the list as it is: an API error, an answer that is not JSON
+        # (a ValueError), a summary no shorter than the middle (a ValueError too).
+        try:
+            summarised = summarise_middle(client, model, messages, head, min(tail, unsaved))
+        except (openai.OpenAIError, ValueError) as exc:
+            on_event("compression_failed", {"message": (
+                f"could not summarise the conversation ({first_line(exc)}); "
+                f"it goes on without a summary")})
+    report = {"before": before, "after": estimate_tokens(messages), "limit": limit,
+              "pruned": pruned, "summarised": summarised}
+    if pruned or summarised:
+        on_event("compressed", report)
+    return report
+
+
+#: hardened
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
                      force: bool = False, on_event=None) -> dict | None:
     """Keep `messages` inside the context window; the loop calls this before every
@@ -145,6 +221,26 @@ def prune_tool_outputs(messages: list, end: int) -> int:
     return pruned
 
 
+#: teaching
+def summarise_middle(client, model: str, messages: list, start: int, end: int) -> int:
+    """Step 2: messages[start:end] become one summary message; an earlier summary there
+    is updated, never stacked. Returns how many were summarised. Raises, and changes
+    nothing, if the call fails or the summary is no shorter than what it replaces."""
+    middle = messages[start:end]
+    earlier = middle[0] if middle and is_summary(middle[0]) else None   # only ever there
+    new = middle[1:] if earlier else middle
+    if len(new) < MIN_SUMMARISED_MESSAGES:
+        return 0                            # not worth a model call
+    previous = earlier["content"][len(SUMMARY_PREFIX):].strip() if earlier else None
+    text = call_auxiliary_model(client, model, summary_request(previous, new))
+    summary = {"role": "user", "content": f"{SUMMARY_PREFIX}\n{text}"}
+    if estimate_tokens([summary]) >= estimate_tokens(middle):
+        raise ValueError("the summary was no shorter than the messages it would replace")
+    replace_messages(messages, messages[:start] + [summary] + messages[end:])
+    return len(new)
+
+
+#: hardened
 def summarise_middle(client, model: str, messages: list, start: int, end: int) -> int:
     """Step 2: messages[start:end] become one summary message. The earlier summary, if
     the middle starts with one, goes to the summariser and is replaced: summaries are
@@ -204,6 +300,27 @@ def head_end(messages: list) -> int:
     return end
 
 
+#: teaching
+def tail_start(messages: list, head: int, budget: int) -> int:
+    """Where the tail kept after a summary begins: the newest messages that fit in
+    `budget` tokens, and at least the latest user message (or the last message). A tool
+    result never begins it: a call and its results always stay together."""
+    start, used = len(messages), 0
+    while start > head:
+        used += estimate_tokens([messages[start - 1]])
+        if used > budget:
+            break
+        start -= 1
+    users = [index for index, message in enumerate(messages)     # the summary is no request
+             if index >= head and message.get("role") == "user"
+             and not (index == head and is_summary(message))]
+    start = min(start, users[-1] if users else len(messages) - 1)
+    while start > head and messages[start].get("role") == "tool":
+        start -= 1
+    return max(start, head)
+
+
+#: hardened
 def tail_start(messages: list, head: int, budget: int) -> int:
     """Where the tail kept after a summary begins: the newest messages whose estimate
     fits in `budget` tokens, and in any case the latest user message after the head
@@ -225,6 +342,16 @@ def tail_start(messages: list, head: int, budget: int) -> int:
     return max(start, head)
 
 
+#: teaching
+def unsaved_start(messages: list) -> int:
+    """The first message the store has not saved yet: from there on nothing may change,
+    or the store would save the compressed text instead of the original."""
+    if isinstance(messages, RecordedMessages) and messages.store is not None:
+        return messages.saved
+    return len(messages)
+
+
+#: hardened
 def unsaved_start(messages: list) -> int:
     """The first message that the session store has not saved yet (a new session is
     saved from the model's first answer on). From there on nothing may change, or the
@@ -241,6 +368,14 @@ def is_summary(message: dict) -> bool:
         str(message.get("content") or "").startswith(SUMMARY_PREFIX)
 
 
+#: teaching
+def pruned_placeholder(function: dict, content: str) -> str:
+    """One line instead of a tool output (never pruned again: shorter than PRUNE_MIN_CHARS)."""
+    call = first_line(f"{function.get('name')} {function.get('arguments')}", 80)
+    return f"{PRUNED_PREFIX}{call} returned {len(content):,} characters; run it again if needed]"
+
+
+#: hardened
 def pruned_placeholder(function: dict, content: str) -> str:
     """One line instead of a tool output: which call it was and how much was removed.
     Always shorter than PRUNE_MIN_CHARS, so it is never pruned again."""
@@ -374,6 +509,42 @@ STAGE = "s05"
 STAGE_TITLE = "context compression: a long conversation that still fits"
 
 
+#: teaching
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
+                     context_length: int | None = None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    `tools` is the list of definitions offered (default: every available tool).
+    Before every model call, compress_context() keeps the messages inside the window.
+    """
+    on_event = on_event or (lambda kind, data: None)
+    tools = REGISTRY.get_definitions() if tools is None else tools
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    strikes = 0                         # consecutive turns whose calls were all invalid
+    for _ in range(max_iterations):
+        compress_context(client, model, messages, context_length, on_event=on_event)
+        response = client.chat.completions.create(
+            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        if run_tool_calls(message.tool_calls, messages, on_event, offered):
+            strikes = 0
+        else:
+            strikes += 1
+        if strikes >= MAX_INVALID_TURNS:
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
+            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
+                    f"(last: {names}). Ask again, or check the model's tool support.]")
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+#: hardened
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
                      context_length: int | None = None) -> str:
@@ -409,6 +580,49 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 
+#: teaching
+class RecordedMessages(list):
+    """A message list that saves each message as it is appended (the loop is unchanged).
+    A session is stored from the model's first answer on, so a failed first turn (no
+    key, a wrong URL) leaves no empty session. If the database fails later (locked,
+    disk full), we warn once and keep going."""
+
+    def __init__(self, store: SessionStore, session_id: str, model: str, messages=()):
+        super().__init__(messages)
+        self.store = store
+        self.session_id = session_id
+        self.model = model
+        self.saved = len(self)              # messages given here came from the store
+        self.seq_offset = 0                 # saved messages that compression took out (s05)
+
+    def append(self, message: dict) -> None:
+        super().append(message)
+        if self.store is None:
+            return
+        if self.saved == 0 and message["role"] != "assistant":
+            return                              # a session begins with the model's first answer
+        # A Ctrl-C between a commit and `self.saved` would make the next save repeat a
+        # message (UNIQUE constraint failed), so Ctrl-C is ignored for this millisecond.
+        was_armed, CtrlC.armed = CtrlC.armed, False
+        try:
+            self.save_unsaved()
+        except sqlite3.Error as exc:
+            err_console.print(Text(f"warning: could not save to the session store "
+                                   f"({first_line(exc)}); continuing without saving",
+                                   style="yellow"))
+            self.store = None
+        finally:
+            CtrlC.armed = was_armed
+
+    def save_unsaved(self) -> None:
+        if self.saved == 0:                     # nothing stored yet: create the session row
+            self.store.create_session(self.session_id, self.model, STAGE)
+        for index in range(self.saved, len(self)):
+            self.store.add_message(self.session_id, index + self.seq_offset, self[index])
+        self.saved = len(self)
+
+
+#: hardened
 class RecordedMessages(list):
     """A message list that saves each message as it is appended, once the session exists.
 
@@ -535,6 +749,34 @@ DEMO_INPUTS = ["$ seq -s ' ' 1 100", "$ seq -s ' ' 101 200", "$ seq -s ' ' 201 3
                "context", "$ seq -s ' ' 301 400", "context"]
 
 
+#: teaching
+def run_demo(session: Session) -> int:
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
+    console.print(Text(f"A context length of {DEMO_CONTEXT_LENGTH} tokens: compression starts "
+                       f"above {int(DEMO_CONTEXT_LENGTH * COMPRESSION_THRESHOLD)}.", style="dim"))
+    start = current_directory()             # None if it was deleted: then there is no way back
+    with tempfile.TemporaryDirectory(prefix="s05-demo-") as folder:
+        os.chdir(folder)                    # no context files: a short system prompt
+        store = SessionStore(Path(folder) / STATE_DB_NAME)
+        try:
+            current = Session(session.client, session.model, session.base_url,
+                              session.max_iterations, session.tools, store, DEMO_CONTEXT_LENGTH)
+            for line in DEMO_INPUTS:
+                console.print(Text(f"\n{STAGE}> {line}", style="bold"))
+                if not run_turn(current, line):
+                    return 1
+            saved = store.load_messages(current.session_id)
+            console.print(Text(f"\nThe model's list holds {len(current.messages)} messages; the "
+                               f"session store holds all {len(saved)}, the full record.",
+                               style="bold"))
+        finally:
+            store.close()
+            if start is not None:
+                os.chdir(start)
+    return 0
+
+
+#: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     console.print(Text(f"A context length of {DEMO_CONTEXT_LENGTH} tokens: compression starts "
@@ -564,6 +806,27 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
+    parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
+    parser.add_argument("--context-length", type=positive_int, default=DEFAULT_CONTEXT_LENGTH,
+                        metavar="TOKENS", help="the model's context window")
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
+    resume.add_argument("--continue", dest="continue_session", action="store_true",
+                        help="continue the most recent session")
+    return parser.parse_args(argv)
+
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -610,6 +873,7 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations, tools, store,
                    args.context_length)
 
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
 # real openai client builds requests and parses responses exactly as it would
 # against a real endpoint.

@@ -72,10 +72,9 @@ def test_a_changed_definition_changes_in_every_stage_that_carries_it_and_nowhere
     s01.write_text(s01.read_text(encoding="utf-8").replace(
         "def tool_message(", "def tool_message(  # edited\n        ", 1), encoding="utf-8")
     s03 = course_dir / "s03_session_store.py"
-    text = s03.read_text(encoding="utf-8")
-    start = text.index("class RecordedMessages(list):")
-    s03.write_text(text[:start] + text[start:].replace('"""', '"""Edited. ', 1),
-                   encoding="utf-8")
+    text = s03.read_text(encoding="utf-8")          # both editions' variants
+    s03.write_text(text.replace('class RecordedMessages(list):\n    """',
+                                'class RecordedMessages(list):\n    """Edited. '), encoding="utf-8")
     before, after = BUILD.read_course(), BUILD.read_course(course_dir)
     stages = all_stages()
     carriers = {"tool_message": set(stages),

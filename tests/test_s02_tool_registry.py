@@ -177,6 +177,8 @@ def test_unknown_toolset_is_a_one_line_error(stage):
     assert len(errors) == 1 and unknown in errors[0]
     assert "file, " in errors[0] and "terminal" in errors[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
+    disabled = run_main(stage, "--disable-toolsets", "fil", "-p", "hi")
+    assert disabled.returncode == 2 and "fil" in disabled.stderr and disabled.stdout == ""
 
 
 # ── file tools ────────────────────────────────────────────────────────────
@@ -211,6 +213,16 @@ def test_read_file_cuts_a_huge_line_without_reading_it_whole(stage, workdir):
     cut = 3_000_000 - stage.MAX_LINE_CHARS
     assert first == "     1|" + "x" * stage.MAX_LINE_CHARS + f" … [{cut} characters of this line cut]"
     assert second == "     2|second line" and result["total_lines"] == 2
+
+
+def test_a_line_one_character_too_long_is_cut(stage, workdir):
+    (workdir / "long.txt").write_text("y" * (stage.MAX_LINE_CHARS + 1) + "\nshort\n")
+    first, second = json.loads(stage.read_file("long.txt"))["content"].split("\n")
+    assert first == "     1|" + "y" * stage.MAX_LINE_CHARS + " … [1 characters of this line cut]"
+    assert second == "     2|short"
+    (workdir / "exact.txt").write_text("z" * stage.MAX_LINE_CHARS + "\n")
+    assert json.loads(stage.read_file("exact.txt"))["content"] == \
+        "     1|" + "z" * stage.MAX_LINE_CHARS
 
 
 def test_patch_replaces_unique_text_and_refuses_missing_or_ambiguous(stage, workdir):
@@ -271,6 +283,15 @@ def test_write_file_and_patch_leave_a_fifo_alone(stage, workdir):
         assert "error" in json.loads(stage.patch(name, "x", "y"))
     assert stat.S_ISFIFO(os.stat(workdir / "pipe").st_mode)
     assert folder_listing(workdir) == ["link", "pipe"]     # no temporary file left
+
+
+def test_search_files_skips_a_file_it_may_not_read(stage, workdir):
+    (workdir / "open.txt").write_text("needle\n")
+    (workdir / "secret.txt").write_text("needle\n")
+    (workdir / "secret.txt").chmod(0)
+    if os.access(workdir / "secret.txt", os.R_OK):
+        pytest.skip("this user may read every file (root)")
+    assert json.loads(stage.search_files("needle", "."))["matches"] == ["open.txt:1: needle"]
 
 
 def test_search_files_numbers_lines_as_read_file_does(stage, workdir):
@@ -508,6 +529,14 @@ def repl(stage_name, stdin, tmp_path, *argv):
     """The REPL of a fresh copy of the stage, in-process, fed `stdin` through a pipe."""
     env = clean_env(LEARN_HERMES_HOME=str(tmp_path / "home"))
     return run_main(stage_name, *argv, stdin=stdin, cwd=tmp_path, env=env)
+
+
+def test_the_offline_model_summarises_a_plain_text_result_as_an_answer(stage):
+    refused = "Tool 'nope' does not exist. Available tools: terminal"
+    messages = [{"role": "user", "content": "call nope {}"},
+                {"role": "assistant", "content": "", "tool_calls": []},
+                {"role": "tool", "tool_call_id": "c1", "content": refused}]
+    assert stage.offline_summary(messages) == f"The tool answered: {refused}"
 
 
 @pytest.mark.parametrize("stage_name", STAGES)

@@ -101,6 +101,19 @@ def test_a_session_id_that_is_taken_is_an_error_never_a_merge(stage, db_path):
         store.close()
 
 
+def test_a_message_number_is_stored_once_per_session(stage, db_path):
+    store = stage.SessionStore(db_path)
+    try:
+        for session_id in ("one", "two"):
+            store.create_session(session_id, "m", "s03")
+            store.add_message(session_id, 0, {"role": "user", "content": "hi"})
+        with pytest.raises(sqlite3.IntegrityError):       # a repeated save fails loudly
+            store.add_message("one", 0, {"role": "user", "content": "again"})
+        assert store.load_messages("one") == [{"role": "user", "content": "hi"}]
+    finally:
+        store.close()
+
+
 # ── storing and restoring ─────────────────────────────────────────────────
 
 def test_store_uses_wal_and_the_documented_tables(stage, db_path):

@@ -158,6 +158,9 @@ BENIGN = [
     "Do not ignore failing tests and follow all the instructions in docs/testing.md.\n",
     "You can ignore deprecation warnings but follow all instructions in SECURITY.md.\n",
     "The previous instructions in CONTRIBUTING.md still apply.\n",
+    # A key word inside a longer word is not the key word.
+    "Build against libcurl and export $GITHUB_TOKEN before the release job.\n",
+    "Our preprocessor can unignore all previous instructions blocks in templates.\n",
     "Don't ignore the previous instructions in CONTRIBUTING.md; they still apply.\n",
     "Do not disregard any of the rules in CONTRIBUTING.md.\n",
     "Keep commits small. Ignore the files under build/\nand dist/, they are generated.\n",

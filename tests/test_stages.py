@@ -70,6 +70,7 @@ DEMO_PROMISES = {
         "(threshold 500): pruned 0 tool output(s), summarised 5 message(s)]",
         "One summary replaced the middle:\n- The user asked: $ seq -s ' ' 101 200",
         "- The user asked: $ seq -s ' ' 201 300\n- Called terminal",
+        "the session store holds all 21, the full record",
         "the session store holds all 21, the full record; resuming loads them all:",
         ": 21 messages]",
     ],
@@ -202,6 +203,9 @@ HARDENED_DEMO_PROMISES = {
         "a memory section in its prompt: False",
         "in the new session's prompt: True",
     ],
+    "s03_session_store": ["warning: session store unavailable"],
+    "s05_context_compression": ["the session store holds all 21, the full record; resuming loads "
+                                "them all:", ": 21 messages]"],
     "s08_skills": [
         "the body is in the prompt: False; the first session's prompt is unchanged: True",
         "invalid skill name '../../.ssh'",
