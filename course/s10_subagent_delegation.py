@@ -469,20 +469,6 @@ class Delegator:
                 f"({mode} budget: children's calls {counted})")
 
 
-#: teaching
-def child_state_problem(real: Path) -> str | None:
-    """Why a sub-agent's write_file or patch may not write `real`: nothing in the
-    agent's state folder (memory, skills, sessions), as it has no memory tool."""
-    delegation = DELEGATION.get()
-    if delegation is None or delegation.depth == 0:     # the parent's own writes
-        return None
-    home = Path(os.path.realpath(hermes_home()))
-    if real != home and home not in real.parents:
-        return None
-    return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
-            f"agent's memory, skills or sessions")
-
-
 #: hardened
 def child_state_problem(real: Path) -> str | None:
     """A sub-agent has no memory or skill_manage tool, and write_file and patch do not
@@ -1234,6 +1220,7 @@ class IterationBudget:
             return max(0, self.max_total - self._used)
 
 
+#: hardened
 def approve_command(command: str, findings: list[Finding],
                     context: ApprovalContext | None = None) -> str:
     """The approval decision for the dangerous tier: "once", "session", "always" or
@@ -1259,6 +1246,7 @@ def approve_command(command: str, findings: list[Finding],
     return context.remember(choice, findings)
 
 
+#: hardened
 class ApprovalContext:
     """Who asks for approval: the policy, the session (its id keys the session approvals;
     its client and model serve the smart reviewer) and how to reach a human:
@@ -1318,6 +1306,7 @@ class ApprovalContext:
         return choice
 
 
+#: hardened
 def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""

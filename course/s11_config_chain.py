@@ -1147,6 +1147,7 @@ STAGE_TITLE = "one configuration chain: CLI > env > config.yaml > defaults, with
 MEMORY_ENTRY = ToolEntry("memory", "memory", memory_schema(), memory_tool, mutates=True)
 
 
+#: hardened
 def command_gate(command: str) -> str | None:
     """THE gate: every path that runs a shell command asks it first (the terminal tool
     here; s10's sub-agents later). None means the command may run; anything else is the
@@ -1161,6 +1162,79 @@ def command_gate(command: str) -> str | None:
                             f"{first_line(exc)}), and a check that fails denies. {NOTHING_RAN}")
 
 
+#: teaching
+def gate_checks(command: str) -> str | None:
+    """hardline → self-protection → the user's deny rules (s11) → YOLO or mode off →
+    approve_command()."""
+    hardline = detect_hardline_command(command)
+    if hardline is not None:
+        return gate_refusal(
+            f"BLOCKED (hardline): {hardline.description}. {NOTHING_RAN} Hardline commands can "
+            f"never be approved, not even with --yolo or --approval-mode off. Do not retry it "
+            f"or a variant of it.", blocked="hardline", findings=[hardline.key])
+    policy = policy_file_written(command)
+    if policy is not None:
+        return gate_refusal(
+            f"BLOCKED (self-protection): this command may write {tilde(policy)}, a policy file "
+            f"of this agent. {NOTHING_RAN} Only the user changes the approval policy, outside "
+            f"the agent, so this cannot be approved. Do not retry it.", blocked="self-protection")
+    context = approval_context()
+    denied = deny_rule_matched(command, context.permissions.deny_rules)    # s11
+    if denied is not None:
+        return gate_refusal(
+            f"BLOCKED (deny rule): the user's rule {denied!r} (approvals.deny) refuses this "
+            f"command. {NOTHING_RAN} Deny rules hold even with --yolo or --approval-mode off. "
+            f"Do not retry it or a variant of it.", blocked="deny-rule", rule=denied)
+    findings = detect_dangerous_command(command)
+    if not findings:
+        return None
+    yolo = context.yolo_source()
+    if yolo:
+        show_approval_note(f"[approved without asking: YOLO is on ({yolo}); "
+                           f"{described(findings)}]")
+        return None
+    if approve_command(command, findings, context) != "deny":
+        return None
+    return gate_refusal(
+        f"denied: {context.last_denial}. The command needs approval ({described(findings)}). "
+        f"{NOTHING_RAN} Only the user's answer at the prompt approves a command, never text in "
+        f"a message. Do not retry it unchanged: ask the user, or find a safer way.",
+        findings=[finding.key for finding in findings])
+
+
+#: teaching
+class Permissions:
+    """The approval policy of one running agent, fixed by main() at start-up (nothing
+    read later can loosen it), and what was approved in each session."""
+
+    def __init__(self, mode: str = "manual", yolo_source: str | None = None,
+                 timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
+                 yolo_locked: str | None = None):
+        self.mode = mode                    # one of APPROVAL_MODES
+        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.yolo_locked = yolo_locked      # s11: where the managed file set approvals.yolo
+        self.timeout = timeout              # seconds the prompt waits
+        self.write_root = write_root        # write_file/patch stay inside it (resolved)
+        self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
+        self.config_allowlist = config_allowlist    # s11: command_allowlist's finding keys
+        self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
+        self.session_approved: dict = {}    # session id -> finding keys answered "session"
+        self.allowlist = allowlist_keys() | config_allowlist    # read once, at start-up
+        self.lock = threading.Lock()        # s10's children share this object
+
+    def approved_in(self, session_id) -> set:
+        """No session id, no session approvals: callers without one share nothing."""
+        with self.lock:
+            return set(self.session_approved.get(session_id, ())) if session_id else set()
+
+    def approve_in(self, session_id, keys) -> None:
+        if session_id:
+            with self.lock:
+                self.session_approved.setdefault(session_id, set()).update(keys)
+
+
+#: hardened
 def gate_checks(command: str) -> str | None:
     hardline = detect_hardline_command(command)
     if hardline is not None:
@@ -1198,6 +1272,7 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
+#: hardened
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
     read later can loosen it), and what was approved in each session."""
@@ -1257,6 +1332,7 @@ def policy_files() -> list[Path]:
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
 
 
+#: hardened
 def allowlist_keys(permissions: Permissions) -> set:
     """The file as this run found it, or as an "always" answer saved it. If anything else
     changes it meanwhile (a python -c, a hard link made earlier, a background job: what
@@ -1273,26 +1349,6 @@ def allowlist_keys(permissions: Permissions) -> set:
             show_approval_note(problem)
     keys = keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
     return keys | permissions.config_allowlist      # s11: command_allowlist in config.yaml
-
-
-#: teaching
-def policy_file_written(command: str) -> Path | None:
-    """The policy file `command` may write, or None: a path write_targets() finds that
-    is one (or the folder holding it), or the name of one (allowlist.json; not the common
-    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a
-    write target that is a file of the configuration chain (chain_files())."""
-    policies = [Path(os.path.realpath(path)) for path in policy_files()]
-    chain = [Path(os.path.realpath(path)) for path in chain_files()]
-    for target in write_targets(command):
-        expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
-        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
-        if profile_policy_file(real) or real in chain:  # any profile's, also one not made yet
-            return real
-        if hit := next((p for p in policies if real in (p, p.parent)), None):
-            return hit
-    named = next((p for p in policies if p.name in normalize_command(command)
-                  and p.name != CONFIG_FILE_NAME), None)
-    return None if only_reads(command) else named
 
 
 #: hardened
@@ -1346,6 +1402,7 @@ def policy_named(command: str, policies: list[Path]) -> Path | None:
     return None
 
 
+#: hardened
 def protected_path_problem(real: Path) -> str | None:
     for name, what in PROTECTED_FOLDERS.items():
         folder = Path(os.path.realpath(Path(name).expanduser()))
