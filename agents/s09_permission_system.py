@@ -2,13 +2,11 @@
 """s09 · Permission system — a gate in front of every command the agent runs.
 
 What this stage adds
-    Every shell command passes one gate, command_gate(), before it runs. The article
-    series' design: regexes searched in the normalised command (escape sequences and
-    invisible characters out, full-width letters folded, r''m read as rm). A command
-    matching HARDLINE_PATTERNS (rm -rf ~, mkfs on a disk, a fork bomb, reboot …) is
-    BLOCKED, always, and so is one that writes the policy file (allowlist.json). One
-    matching DANGEROUS_PATTERNS (the article's 15 first) runs only when approved: YOLO
-    or mode off, an earlier "session" or "always" answer, the smart reviewer, or you.
+    Every shell command passes command_gate() before it runs. The article series'
+    design: regexes searched in the normalised command (ｒｍ → rm, r''m → rm). A command
+    matching HARDLINE_PATTERNS (rm -rf ~, mkfs, a fork bomb, reboot …) is BLOCKED, always,
+    and so is one that writes the policy file (allowlist.json). One matching
+    DANGEROUS_PATTERNS (the article's 15 first) runs only when approved.
 
     terminal call ─▶ command_gate(command)
                        detect_hardline_command() ──▶ BLOCKED (hardline)
@@ -20,16 +18,14 @@ What this stage adds
                                                   d, Enter, timeout, EOF, no TTY ─▶ denied
 
 Reading guide
-    Start right below the imports: "[s09] Dangerous commands" is this stage's lesson (the
-    patterns, normalize_command(), the two detectors); "[s09] Permission system" is the
-    gate; "[s09] Approval details" the prompt, the smart reviewer, the allowlist, self-
-    and write protection. Earlier stages follow, newest first, then the plumbing (/yolo,
-    /permissions). A shell parser in place of the regexes: agents/hardened/.
+    "[s09] Dangerous commands" is the lesson (the patterns, the two detectors);
+    "[s09] Permission system" the gate; "[s09] Approval details" the prompt, the smart
+    reviewer, the allowlist, self- and write protection. /yolo and /permissions are in
+    the plumbing. A shell parser in place of the regexes: agents/hardened/.
     Changed in earlier stages' sections: CommandStart in [s01]; write_file(), patch() in
     [s02]; and 7 definitions of the plumbing (python course/build.py --changes s09 lists
     them all).
 Run
-    python agents/s09_permission_system.py          # REPL (offline model without a key)
     python agents/s09_permission_system.py --demo   # the walk-through
 Chapter
     docs/en/s09-permission-system.md

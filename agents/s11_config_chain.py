@@ -216,13 +216,7 @@ def load_config(args, environ=os.environ) -> Config:
     if errors:
         raise ConfigError("\n".join(errors), warnings)
     files = [file for file in (path, managed_path) if file is not None and file.exists()]
-    config = Config(resolved, home, base, files, warnings)
-    config.read_from = [
-        f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
-        "managed file: " + (tilde(managed_path) if managed_path else
-                            f"none ({MANAGED_ENV_VAR} unset)"),
-        f"home:         {tilde(home)}" + (f" (profile {args.profile})" if args.profile else "")]
-    return config
+    return Config(resolved, home, base, files, warnings)
 
 
 def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict, list]:
@@ -326,10 +320,6 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{where}: a key must be a plain name")
         key = prefix + key_node.value
-        earlier = next((entry.where for entry in entries if entry.key == key), None)
-        if earlier is not None:         # PyYAML would keep the last one without a word
-            raise ConfigError(f"{where}: {key} is given twice (first on line "
-                              f"{earlier.rpartition(':')[2]})")
         if key in SETTINGS_BY_KEY:
             raw = node_value(value_node, where, key, environ)
             entries.append(Entry(key, raw, f"{label}:{key}", where))
@@ -340,22 +330,12 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
 
 
 def node_value(node, where: str, key: str, environ):
-    """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
+    """The text as written (a list of texts for a YAML list)."""
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
     if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
         raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
-    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    texts = [item.value for item in items]
     return texts if isinstance(node, yaml.SequenceNode) else texts[0]
-
-
-def expand_variables(text: str, where: str, key: str, environ) -> str:
-    """${NAME} becomes the variable's value; an unset one is an error, never ''."""
-    def value(match):
-        name = match.group(1)
-        if name not in environ:
-            raise ConfigError(f"{where}: {key}: ${{{name}}} is not set")
-        return environ[name]
-    return VARIABLE.sub(value, text)
 
 
 def convert(setting: Setting, raw):
@@ -457,12 +437,6 @@ def chain_files() -> list[Path]:
     """The config files that this run read (config.yaml, --config, the managed file),
     also a --config file in the state folder: protected by their exact path and name."""
     return list(CONFIG.files) if CONFIG else []
-
-
-def profile_policy_file(real: Path) -> bool:
-    """Any profile's allowlist.json or config.yaml, also of a profile not made yet."""
-    profiles = Path(os.path.realpath(base_home())) / PROFILES_DIR_NAME
-    return real.name in (ALLOWLIST_FILE, CONFIG_FILE_NAME) and real.parent.parent == profiles
 
 
 def base_home() -> Path:
@@ -618,8 +592,7 @@ def run_child(child: Child) -> None:
         child.emit("finished", status=outcome[0], model_calls=child.budget.used,
                    answer=first_line(outcome[1] or outcome[2], 100))
     except Exception as exc:                    # a crash, or a failing progress callback
-        outcome = ("error", partial_answer(child),
-                   f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
+        outcome = ("error", "", f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
     finally:
         child.result = child_result(child, *outcome)
         child.finished.set()
@@ -634,19 +607,18 @@ def child_loop(child: Child) -> tuple[str, str, str]:
                                    child.tools, child.parent.session.context_length,
                                    child.parent.session.recovery, budget=child.budget)
     except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
-        return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        return "error", partial_answer(child), explain_api_failure(
+        return "error", "", explain_api_failure(
             exc, str(child.client.base_url), child.model)
     return child_outcome(child, stopped)
 
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
     """Start every child in its own thread and wait for all of them. While they work,
-    the parent's heartbeat says it is alive, unless no child has made progress for
-    stale_beats beats. Ctrl-C stops them: no child makes another model or tool call."""
+    the parent's heartbeat says it is alive. Ctrl-C stops them: no child makes another
+    model or tool call."""
     settings = parent.session.delegation
-    last, stale = None, 0
     try:
         for child in children:
             # A new, empty context: the thread sets its own approvals, depth and stop event.
@@ -657,11 +629,8 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
             if time.monotonic() < beat:
                 continue
             beat += settings.heartbeat_interval
-            progress = [(child.budget.used, child.tool_calls) for child in children]
-            stale, last = (stale + 1 if progress == last else 0), progress
-            if stale < settings.stale_beats:
-                parent.touch(f"{len(children)} sub-agent(s) working, "
-                             f"{sum(used for used, _ in progress)} model call(s) so far")
+            parent.touch(f"{len(children)} sub-agent(s) working, "
+                         f"{sum(child.budget.used for child in children)} model call(s) so far")
     except BaseException:                       # Ctrl-C, or a thread that could not start
         for child in children:
             child.stop.set()                    # a running command still ends on its own
@@ -699,6 +668,19 @@ class Delegator:
         counted = "count" if mode == "shared" else "do not count"
         return (f"{self.budget.used} of {self.budget.max_total} model calls of this turn used "
                 f"({mode} budget: children's calls {counted})")
+
+
+def child_state_problem(real: Path) -> str | None:
+    """Why a sub-agent's write_file or patch may not write `real`: nothing in the
+    agent's state folder (memory, skills, sessions), as it has no memory tool."""
+    delegation = DELEGATION.get()
+    if delegation is None or delegation.depth == 0:     # the parent's own writes
+        return None
+    home = Path(os.path.realpath(hermes_home()))
+    if real != home and home not in real.parents:
+        return None
+    return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
+            f"agent's memory, skills or sessions")
 
 
 def stop_if_requested() -> None:
@@ -813,22 +795,15 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     last = child.messages[-1] if child.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
         return "completed", stopped, ""
-    partial = partial_answer(child)
     if child.stop.is_set():
-        return "interrupted", partial, "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     if child.budget.used >= MAX_CHILD_ITERATIONS:
-        return "iteration_limit", partial, (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
+        return "iteration_limit", "", (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
                                             f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
     if child.budget.parent_ran_out:
-        return "budget_exhausted", partial, ("stopped: the turn's shared budget is spent "
+        return "budget_exhausted", "", ("stopped: the turn's shared budget is spent "
                                              "(--max-iterations): the work may be unfinished")
-    return "error", partial, first_line(stopped, 300)   # a guardrail halt, invalid calls
-
-
-def partial_answer(child: Child) -> str:
-    """The child's last words so far, for a child that did not finish."""
-    return next((m["content"] for m in reversed(child.messages)
-                 if m.get("role") == "assistant" and m.get("content")), "")
+    return "error", "", first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 
 def child_result(child: Child, status: str, answer: str, note: str) -> dict:
@@ -1313,9 +1288,11 @@ def allowlist_path() -> Path:
 def policy_files() -> list[Path]:
     """The files that hold approval policy. Only the user changes them, outside the
     agent: no command, write_file or patch may write them. s11: config.yaml too, in
-    this run's home and, with --profile, in the folder that holds the profiles."""
+    this run's home and the folder that holds the profiles, and every file of the
+    chain this run read (--config, the managed file)."""
     homes = dict.fromkeys([hermes_home(), base_home()])
-    return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
+    return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
+        + chain_files()
 
 
 def read_allowlist(path: Path) -> set:
@@ -1393,7 +1370,8 @@ def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
-    problem = protected_path_problem(real) or write_root_problem(real)
+    problem = protected_path_problem(real) or write_root_problem(real) \
+        or child_state_problem(real)         # s10
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -4659,8 +4637,6 @@ def show_config(config: Config | None) -> None:
         table.add_row(Text(setting.key), Text(shown_value(setting, config[setting.key])),
                       Text(visible(config.origin(setting.key))))
     console.print(table)
-    for line in config.read_from:
-        console.print(Text(line, style="dim"))
 
 
 def shown_value(setting: Setting, value) -> str:

@@ -248,6 +248,26 @@ class Config:
 CONFIG: Config | None = None            # the chain this run started with; set by main()
 
 
+#: teaching
+def load_config(args, environ=os.environ) -> Config:
+    """The chain for one run: every setting from the strongest layer that sets it.
+    managed (locks) > command line > environment > config.yaml > default."""
+    base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
+    home = profile_home(base, args.profile) if args.profile is not None else base
+    path = Path(args.config).expanduser() if args.config else home / CONFIG_FILE_NAME
+    warnings: list[str] = []
+    user = read_config_file(path, path.name, environ, warnings, required=bool(args.config))
+    managed_path = managed_file(environ)
+    managed = [] if managed_path is None else read_config_file(
+        managed_path, "managed", environ, warnings, required=True)
+    layers = [user, environment_entries(environ), flag_entries(args)]
+    resolved, errors = resolve_settings(layers, managed, warnings)
+    if errors:
+        raise ConfigError("\n".join(errors), warnings)
+    files = [file for file in (path, managed_path) if file is not None and file.exists()]
+    return Config(resolved, home, base, files, warnings)
+
+#: hardened
 def load_config(args, environ=os.environ) -> Config:
     """The chain for one run: every setting from the strongest layer that sets it.
     managed (locks) > command line > environment > config.yaml > default."""
@@ -417,10 +437,6 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{where}: a key must be a plain name")
         key = prefix + key_node.value
-        earlier = next((entry.where for entry in entries if entry.key == key), None)
-        if earlier is not None:         # PyYAML would keep the last one without a word
-            raise ConfigError(f"{where}: {key} is given twice (first on line "
-                              f"{earlier.rpartition(':')[2]})")
         if key in SETTINGS_BY_KEY:
             raw = node_value(value_node, where, key, environ)
             entries.append(Entry(key, raw, f"{label}:{key}", where))
@@ -507,11 +523,11 @@ def section_keys(key: str) -> list[str]:
 
 #: teaching
 def node_value(node, where: str, key: str, environ):
-    """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
+    """The text as written (a list of texts for a YAML list)."""
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
     if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
         raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
-    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    texts = [item.value for item in items]
     return texts if isinstance(node, yaml.SequenceNode) else texts[0]
 
 
@@ -540,6 +556,7 @@ def node_kind(node) -> str:
     return "no value" if node.tag == YAML_NULL else repr(node.value)
 
 
+#: hardened
 def expand_variables(text: str, where: str, key: str, environ) -> str:
     """${NAME} becomes the variable's value; an unset one is an error, never ''."""
     def value(match):
@@ -821,6 +838,7 @@ def chain_file_written(command: str) -> Path | None:
                 None)
 
 
+#: hardened
 def profile_policy_file(real: Path) -> bool:
     """Any profile's allowlist.json or config.yaml, also of a profile not made yet."""
     profiles = Path(os.path.realpath(base_home())) / PROFILES_DIR_NAME
@@ -855,6 +873,22 @@ CHAIN_ORDER = (f"Strongest first: the managed file (it locks the keys it sets), 
                f"flags, environment variables, {CONFIG_FILE_NAME}, the defaults.")
 
 
+#: teaching
+def show_config(config: Config | None) -> None:
+    """--show-config and /config: one row per setting, with the value and its source."""
+    if config is None:
+        console.print(Text("no configuration: the agent was not started by main()",
+                           style="yellow"))
+        return
+    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
+    for column in ("key", "value", "source"):
+        table.add_column(column, overflow="fold")
+    for setting in SETTINGS:                # Text cells: a value is never read as markup
+        table.add_row(Text(setting.key), Text(shown_value(setting, config[setting.key])),
+                      Text(visible(config.origin(setting.key))))
+    console.print(table)
+
+#: hardened
 def show_config(config: Config | None) -> None:
     """--show-config and /config: one row per setting, with the value and its source."""
     if config is None:
@@ -1324,6 +1358,17 @@ class Permissions:
             self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
 
 
+#: teaching
+def policy_files() -> list[Path]:
+    """The files that hold approval policy. Only the user changes them, outside the
+    agent: no command, write_file or patch may write them. s11: config.yaml too, in
+    this run's home and the folder that holds the profiles, and every file of the
+    chain this run read (--config, the managed file)."""
+    homes = dict.fromkeys([hermes_home(), base_home()])
+    return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
+        + chain_files()
+
+#: hardened
 def policy_files() -> list[Path]:
     """The files that hold approval policy. Only the user changes them, outside the
     agent: no command, write_file or patch may write them. s11: config.yaml too, in
