@@ -979,6 +979,14 @@ def test_an_allowlist_changed_behind_the_agents_back_is_ignored_until_a_restart(
     assert gate("rm -rf e", Answers(), stage.Permissions()) is None     # a restart trusts it
 
 
+def test_always_counts_at_once_for_every_session_of_this_run(stage, gate, work, home):
+    permissions = stage.Permissions()
+    assert gate("rm -rf a", Answers("a"), permissions) is None          # saved: always
+    other = Answers()
+    assert gate("rm -rf b", other, permissions, FakeSession("other")) is None
+    assert other.asked == 0 and marks(work) == ["rm -rf a", "rm -rf b"]
+
+
 @pytest.mark.hardening
 def test_the_agents_own_save_is_not_a_change_and_a_hard_link_breaks_the_file(
         stage, gate, work, home, capsys, tmp_path):
@@ -1106,6 +1114,7 @@ SELF_PROTECTION = [
     "echo x > $SOMEWHERE/allowlist.json",
     "cd {home} && echo x > allowlist.json",
     "cp notes.txt {home}/",
+    "rm -rf $LEARN_HERMES_HOME",
 ]
 # A variable, a pattern or the whole folder: no name and no path of a policy file is in
 # the text, so only the hardened edition, which expands them, sees these.
@@ -1113,7 +1122,6 @@ SELF_PROTECTION_HARDENED = [
     "echo x > $TARGET",
     "echo x > {home}/allow*",
     "rm {home}/*",
-    "rm -rf $LEARN_HERMES_HOME",
 ]
 
 
