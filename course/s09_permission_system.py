@@ -3453,11 +3453,10 @@ class ApprovalContext:
         """Store a "session" or "always" answer; returns what was stored in the end (an
         "always" that cannot be saved becomes "session")."""
         keys = [finding.key for finding in findings]
-        if choice == "always":
-            problem = save_to_allowlist(keys)
-            if problem is None:
-                self.permissions.allowlist.update(keys)
-                return choice
+        problem = save_to_allowlist(keys) if choice == "always" else None
+        if choice == "always" and problem is None:
+            self.permissions.allowlist.update(keys)
+        elif problem is not None:
             show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
                                f"for this session only", style="red")
             choice = "session"
@@ -3605,23 +3604,18 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
-    was_armed = CtrlC.armed
+    was_armed, why = CtrlC.armed, "the user answered deny"
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
         while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
-    except NoAnswer as exc:
-        err_console.print()                 # end the "Choice" line: nothing was typed
-        choice, why = "deny", str(exc)
-    except KeyboardInterrupt:
+    except (NoAnswer, KeyboardInterrupt) as exc:
         # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
         # why; armed again, a second Ctrl-C cancels the turn as usual.
         CtrlC.armed = was_armed
-        err_console.print()
-        choice, why = "deny", "the user pressed Ctrl-C at the prompt"
-    else:
-        why = "the user answered deny"
+        err_console.print()                 # end the "Choice" line: nothing was typed
+        choice, why = "deny", str(exc) or "the user pressed Ctrl-C at the prompt"
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
                        style="red" if choice == "deny" else "green")
     return choice, why if choice == "deny" else ""
