@@ -22,9 +22,8 @@ Reading guide
     and /delegation are under "[s10] Delegation commands". The hardened edition
     (agents/hardened/) adds the details.
     Changed in earlier stages' sections: run_conversation(), run_tool_calls() in [s01];
-    IterationBudget in [s06]; approve_command(), ApprovalContext, write_refusal() in [s09];
-    and 11 definitions of the plumbing (python course/build.py --changes s10 lists them
-    all).
+    IterationBudget in [s06]; write_refusal() in [s09]; and 11 definitions of the plumbing
+    (python course/build.py --changes s10 lists them all).
 Run
     python agents/s10_subagent_delegation.py --demo   # the walk-through
     python agents/s10_subagent_delegation.py -p 'delegate $ ls | $ pwd'
@@ -199,8 +198,7 @@ def run_child(child: Child) -> None:
         child.emit("finished", status=outcome[0], model_calls=child.budget.used,
                    answer=first_line(outcome[1] or outcome[2], 100))
     except Exception as exc:                    # a crash, or a failing progress callback
-        outcome = ("error", partial_answer(child),
-                   f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
+        outcome = ("error", "", f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
     finally:
         child.result = child_result(child, *outcome)
         child.finished.set()
@@ -215,19 +213,18 @@ def child_loop(child: Child) -> tuple[str, str, str]:
                                    child.tools, child.parent.session.context_length,
                                    child.parent.session.recovery, budget=child.budget)
     except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
-        return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        return "error", partial_answer(child), explain_api_failure(
+        return "error", "", explain_api_failure(
             exc, str(child.client.base_url), child.model)
     return child_outcome(child, stopped)
 
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
     """Start every child in its own thread and wait for all of them. While they work,
-    the parent's heartbeat says it is alive, unless no child has made progress for
-    stale_beats beats. Ctrl-C stops them: no child makes another model or tool call."""
+    the parent's heartbeat says it is alive. Ctrl-C stops them: no child makes another
+    model or tool call."""
     settings = parent.session.delegation
-    last, stale = None, 0
     try:
         for child in children:
             # A new, empty context: the thread sets its own approvals, depth and stop event.
@@ -238,11 +235,8 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
             if time.monotonic() < beat:
                 continue
             beat += settings.heartbeat_interval
-            progress = [(child.budget.used, child.tool_calls) for child in children]
-            stale, last = (stale + 1 if progress == last else 0), progress
-            if stale < settings.stale_beats:
-                parent.touch(f"{len(children)} sub-agent(s) working, "
-                             f"{sum(used for used, _ in progress)} model call(s) so far")
+            parent.touch(f"{len(children)} sub-agent(s) working, "
+                         f"{sum(child.budget.used for child in children)} model call(s) so far")
     except BaseException:                       # Ctrl-C, or a thread that could not start
         for child in children:
             child.stop.set()                    # a running command still ends on its own
@@ -407,22 +401,15 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     last = child.messages[-1] if child.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
         return "completed", stopped, ""
-    partial = partial_answer(child)
     if child.stop.is_set():
-        return "interrupted", partial, "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     if child.budget.used >= MAX_CHILD_ITERATIONS:
-        return "iteration_limit", partial, (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
+        return "iteration_limit", "", (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
                                             f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
     if child.budget.parent_ran_out:
-        return "budget_exhausted", partial, ("stopped: the turn's shared budget is spent "
+        return "budget_exhausted", "", ("stopped: the turn's shared budget is spent "
                                              "(--max-iterations): the work may be unfinished")
-    return "error", partial, first_line(stopped, 300)   # a guardrail halt, invalid calls
-
-
-def partial_answer(child: Child) -> str:
-    """The child's last words so far, for a child that did not finish."""
-    return next((m["content"] for m in reversed(child.messages)
-                 if m.get("role") == "assistant" and m.get("content")), "")
+    return "error", "", first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 
 def child_result(child: Child, status: str, answer: str, note: str) -> dict:
@@ -634,14 +621,11 @@ def approve_command(command: str, findings: list[Finding],
                     context: ApprovalContext | None = None) -> str:
     """The approval decision for the dangerous tier: "once", "session", "always" or
     "deny". Cached approvals first, then the smart reviewer (mode smart), then the person
-    at the terminal. "once" stores nothing (also a cache hit or the reviewer's APPROVE);
-    "session" and "always" remember every finding's key. A finding that needs a human
-    skips the cache and the reviewer, and can only be approved once."""
+    at the terminal. Only "session" and "always" are remembered."""
     context = context or approval_context()
-    human_only = any(finding.needs_human for finding in findings)
-    if not human_only and context.all_approved(findings):
+    if context.all_approved(findings):
         return "once"
-    if not human_only and context.uses_smart_review():
+    if context.uses_smart_review():
         verdict = smart_review(context, command, findings)
         if verdict == "APPROVE":
             show_approval_note("[approved by the smart reviewer, this once]")
@@ -650,8 +634,7 @@ def approve_command(command: str, findings: list[Finding],
             context.last_denial = "the smart reviewer judged it dangerous"
             return "deny"
         show_approval_note("[the smart reviewer was not sure: asking you]")
-    choices = ("once", "deny") if human_only else APPROVAL_CHOICES
-    choice, context.last_denial = context.ask(command, findings, choices)
+    choice, context.last_denial = context.ask(command, findings, APPROVAL_CHOICES)
     return context.remember(choice, findings)
 
 
@@ -667,10 +650,8 @@ class Permissions:
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
         self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
         self.session_approved: dict = {}    # session id -> finding keys answered "session"
-        self.warned: set = set()            # allowlist problems reported already
+        self.allowlist = allowlist_keys()   # allowlist.json, read once, at start-up
         self.lock = threading.Lock()        # s10's children share this object
-        path = allowlist_path()             # allowlist.json as this run found it
-        self.allowlist_seen: dict = {str(path): allowlist_fingerprint(path)}
 
     def approved_in(self, session_id) -> set:
         """No session id, no session approvals: callers without one share nothing."""
@@ -681,17 +662,6 @@ class Permissions:
         if session_id:
             with self.lock:
                 self.session_approved.setdefault(session_id, set()).update(keys)
-
-    def allowlist_unchanged(self, path: Path) -> bool:
-        """Is allowlist.json as this run found it, or as an "always" answer saved it? A
-        change made by anything else (what the gate could not see) is not trusted."""
-        now = allowlist_fingerprint(path)
-        with self.lock:
-            return self.allowlist_seen.setdefault(str(path), now) == now
-
-    def saved_allowlist(self, path: Path) -> None:
-        with self.lock:
-            self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
 
 
 class ApprovalContext:
@@ -718,37 +688,29 @@ class ApprovalContext:
         on = self.session_id is not None and self.session_id in self.permissions.session_yolo
         return "/yolo, this session" if on else None
 
+    def uses_smart_review(self) -> bool:
+        return self.permissions.mode == "smart"
+
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
         """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
         return ask_human(self, command, findings, choices)
 
-    def uses_smart_review(self) -> bool:
-        return self.permissions.mode == "smart"
-
     def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
+        approved = self.permissions.approved_in(self.session_id) | self.permissions.allowlist
         return all(finding.key in approved for finding in findings)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
         "always" that cannot be saved becomes "session")."""
-        keys = [finding.key for finding in findings if not finding.needs_human]
-        if choice == "always":
-            path = allowlist_path()
-            problem = save_to_allowlist(keys) if self.permissions.allowlist_unchanged(path) \
-                else f"{path}: it changed while the agent was running"
-            if problem is None:
-                self.permissions.saved_allowlist(path)
-            else:
-                show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
-                                   f"for this session only", style="red")
-                choice = "session"
-        if choice == "session" and not self.session_id:
-            # No session id (a script, a sub-agent set up without one): nothing to
-            # remember it under, and a shared "no id" bucket would leak approvals.
-            show_approval_note("[no session id here: approved this once only]")
-            return "once"
-        if choice in ("session", "always"):
+        keys = [finding.key for finding in findings]
+        problem = save_to_allowlist(keys) if choice == "always" else None
+        if choice == "always" and problem is None:
+            self.permissions.allowlist.update(keys)
+        elif problem is not None:
+            show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
+                               f"for this session only", style="red")
+            choice = "session"
+        if choice == "session":
             self.permissions.approve_in(self.session_id, keys)
         return choice
 
@@ -814,23 +776,18 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
-    was_armed = CtrlC.armed
+    was_armed, why = CtrlC.armed, "the user answered deny"
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
         while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
-    except NoAnswer as exc:
-        err_console.print()                 # end the "Choice" line: nothing was typed
-        choice, why = "deny", str(exc)
-    except KeyboardInterrupt:
+    except (NoAnswer, KeyboardInterrupt) as exc:
         # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
         # why; armed again, a second Ctrl-C cancels the turn as usual.
         CtrlC.armed = was_armed
-        err_console.print()
-        choice, why = "deny", "the user pressed Ctrl-C at the prompt"
-    else:
-        why = "the user answered deny"
+        err_console.print()                 # end the "Choice" line: nothing was typed
+        choice, why = "deny", str(exc) or "the user pressed Ctrl-C at the prompt"
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
                        style="red" if choice == "deny" else "green")
     return choice, why if choice == "deny" else ""
@@ -907,9 +864,6 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
 
 ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, ...]}
 
-ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
-                     f"approval prompt: ignored until you restart")
-
 
 class AllowlistError(Exception):
     """allowlist.json exists but cannot be used."""
@@ -941,30 +895,16 @@ def read_allowlist(path: Path) -> set:
     return set(keys)
 
 
-def allowlist_keys(permissions: Permissions) -> set:
-    """The keys in allowlist.json as this run found it, or as an "always" saved it; none
-    if anything else changed it (edit it with the agent stopped). A broken file is
-    reported once, counts as empty and is left as it is."""
+def allowlist_keys() -> set:
+    """The keys in allowlist.json, read once when Permissions is made at start-up: a
+    change made while the agent runs, by you or by a command, counts from the next start.
+    A broken file is reported, counts as empty and is left as it is."""
     path = allowlist_path()
     try:
-        keys = read_allowlist(path)
+        return read_allowlist(path)
     except (AllowlistError, OSError) as exc:
-        keys, problem = set(), f"warning: {path}: {exc}; treated as empty and left as it is"
-        if problem not in permissions.warned:
-            permissions.warned.add(problem)
-            show_approval_note(problem)
-    return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
-
-
-def allowlist_fingerprint(path: Path) -> bytes | str | None:
-    """This version of the file: its bytes; None when there is no file. Only a regular
-    file is read (reading a FIFO would wait for ever)."""
-    if not path.is_file():
-        return "not a regular file" if path.exists() else None
-    try:
-        return path.read_bytes()
-    except OSError as exc:              # e.g. unreadable: never a crash
-        return type(exc).__name__
+        show_approval_note(f"warning: {path}: {exc}; treated as empty and left as it is")
+        return set()
 
 
 def save_to_allowlist(keys: list[str]) -> str | None:
@@ -980,50 +920,19 @@ def save_to_allowlist(keys: list[str]) -> str | None:
 
 
 def policy_file_written(command: str) -> Path | None:
-    """The policy file `command` may write, or None: a path write_targets() finds that
-    is one (or the folder holding it), or the name of one (allowlist.json) in a command
-    that does more than read (cat, grep, ls …). ~, $HOME and $LEARN_HERMES_HOME in a path
-    are expanded as the shell will."""
+    """The policy file `command` may write, or None. A text check that errs on the safe
+    side: a path write_targets() finds that is a policy file (or the folder holding one),
+    or any command that names allowlist.json or $LEARN_HERMES_HOME, even one that reads."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
     for target in write_targets(command):
-        expanded = expand_known_variables(target)
-        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
+        real = Path(os.path.realpath(Path(target).expanduser()))
         if hit := next((p for p in policies if real in (p, p.parent)), None):
             return hit
-    named = next((p for p in policies if p.name in normalize_command(command)), None)
-    return None if only_reads(command) else named
-
-
-# Commands that only read or print, whatever their arguments: such a command may name
-# allowlist.json (cat it, grep it). less and sort are not here: less -o and sort -o write.
-READ_ONLY_COMMANDS = frozenset(("cat", "head", "tail", "ls", "stat", "wc", "grep", "jq",
-                                "diff", "echo", "printf", "pwd"))
-
-# A redirect out (but to /dev/null, or 2>&1), $( ), ` ` or <( ): could do anything.
-NOT_ONLY_READING = re.compile(r">(?!>?\s*/dev/null(?![\w/.-])|&[0-9])|`|\$\(|<\(")
-COMMAND_BREAK = re.compile(r"[;|\n]|(?<![<>])&(?!>)")       # not the & of 2>&1 or &>
-QUOTING = re.compile(r"\$(?=['\"])|['\"\\]")       # $'…' and $"…" lose their $ too
-IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
-
-
-def only_reads(command: str) -> bool:
-    """True if every command in `command` is a READ_ONLY_COMMANDS one and nothing is
-    redirected or substituted (> file, $( ), ` `). A text check: a command it does not
-    know counts as "may write"."""
     text = normalize_command(command)
-    commands = [part.split() for part in COMMAND_BREAK.split(text)]
-    return not NOT_ONLY_READING.search(text) and \
-        all(words[0] in READ_ONLY_COMMANDS for words in commands if words)
+    return policies[0] if ALLOWLIST_FILE in text or "LEARN_HERMES_HOME" in text else None
 
 
-def expand_known_variables(target: str) -> str | None:
-    """`~`, $HOME, ${HOME} and $LEARN_HERMES_HOME as the shell will expand them (the
-    agent's own values); None if an unknown variable, a command or ~user remains."""
-    home, state = str(Path.home()), str(hermes_home())
-    text = re.sub(r"^~(?=/|$)", lambda m: home, target)
-    text = re.sub(r"\$(?:HOME\b|\{HOME\})", lambda m: home, text)
-    text = re.sub(r"\$(?:LEARN_HERMES_HOME\b|\{LEARN_HERMES_HOME\})", lambda m: state, text)
-    return None if "$" in text or "`" in text or text.startswith("~") else text
+IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
 
 
 def tilde(path: Path) -> str:
@@ -1033,30 +942,12 @@ def tilde(path: Path) -> str:
     return "~/" + real.relative_to(home).as_posix() if home in real.parents else str(path)
 
 
-# Where write_file and patch never write (Hermes's agent/file_safety.py, with the shell
-# start-up files added). "~" is the home folder at the moment of the write.
-PROTECTED_FOLDERS = {
-    "~/.ssh": "SSH keys and config", "~/.aws": "AWS credentials", "~/.gnupg": "GnuPG keys",
-    "~/.kube": "Kubernetes credentials", "~/.docker": "Docker credentials",
-    "~/.azure": "Azure credentials", "~/.config/gh": "GitHub CLI credentials",
-    "~/.config/gcloud": "Google Cloud credentials", "/etc/sudoers.d": "sudo rules",
-    "/etc/systemd": "system services",
-    # What runs later, by itself: programs on PATH, user services, programs started at
-    # login, git's own configuration (an alias or a pager setting runs a command).
-    "~/.local/bin": "programs on your PATH", "~/.config/systemd/user": "your services",
-    "~/.config/autostart": "programs started at login", "~/.config/git": "git's settings",
-}
-SHELL_START_FILES = ("~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout",
-                     "~/.profile", "~/.zshrc", "~/.zprofile", "~/.zshenv", "~/.zlogin",
-                     "~/.kshrc", "~/.config/fish/config.fish", "~/.bash_aliases",
-                     "~/.pam_environment")
-CREDENTIAL_FILES = ("~/.netrc", "~/.pgpass", "~/.npmrc", "~/.pypirc", "~/.git-credentials")
-PROTECTED_FILES = {
-    **{name: "a shell start-up file" for name in SHELL_START_FILES},
-    **{name: "a credential file" for name in CREDENTIAL_FILES},
-    "/etc/sudoers": "the sudo rules", "/etc/passwd": "the user accounts",
-    "/etc/shadow": "the password hashes", "~/.gitconfig": "git's settings",
-}
+# Where write_file and patch never write: keys, credentials, and the shell's start-up
+# files (they run by themselves later). "~" is the home folder at the moment of the write.
+PROTECTED_FOLDERS = {"~/.ssh": "SSH keys and config", "~/.aws": "AWS credentials",
+                     "~/.gnupg": "GnuPG keys"}
+PROTECTED_FILES = {"~/.bashrc": "a shell start-up file", "~/.profile": "a shell start-up file",
+                   "~/.zshrc": "a shell start-up file", "~/.netrc": "a credential file"}
 
 
 def write_refusal(target: Path) -> str | None:
@@ -1080,16 +971,6 @@ def protected_path_problem(real: Path) -> str | None:
             return f"is {what} ({name})"
     if real in [Path(os.path.realpath(path)) for path in policy_files()]:
         return "is a policy file of this agent: only the user changes it"
-    return repository_code_problem(real)
-
-
-def repository_code_problem(real: Path) -> str | None:
-    """Any repository's .git/config and .git/hooks/: git runs what they name."""
-    for part, below in zip(real.parts, real.parts[1:]):
-        if part == ".git" and below == "config":
-            return "is a repository's git config (git runs the commands it names)"
-        if part == ".git" and below == "hooks":
-            return "is in a repository's git hooks (git runs them)"
     return None
 
 
@@ -3911,12 +3792,6 @@ def show_permissions(session: Session, argument: str) -> None:
     """/permissions: the policy of this run and what this session has approved."""
     context = approval_context()
     permissions, yolo = context.permissions, context.yolo_source()
-    try:
-        keys = ", ".join(sorted(read_allowlist(allowlist_path()))) or "no keys yet"
-    except (AllowlistError, OSError) as exc:
-        keys = f"not used: {exc}"
-    if not permissions.allowlist_unchanged(allowlist_path()):
-        keys = f"not used: {ALLOWLIST_CHANGED}"
     for name, value in (
             ("mode", f"{permissions.mode} (--approval-mode manual, smart or off)"),
             ("YOLO", f"on ({yolo})" if yolo else "off (--yolo or HERMES_YOLO_MODE=1 at "
@@ -3925,7 +3800,8 @@ def show_permissions(session: Session, argument: str) -> None:
             ("write root", str(permissions.write_root or "none (--write-root)")),
             ("this session", ", ".join(sorted(permissions.approved_in(session.session_id)))
              or "nothing approved yet"),
-            ("allowlist", f"{allowlist_path()}: {keys}")):
+            ("allowlist", f"{allowlist_path()}: "
+                          f"{', '.join(sorted(permissions.allowlist)) or 'no keys yet'}")):
         console.print(Text(f"  {name:<13} {value}"))
 
 

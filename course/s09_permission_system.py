@@ -4,13 +4,11 @@
 """s09 · Permission system — a gate in front of every command the agent runs.
 
 What this stage adds
-    Every shell command passes one gate, command_gate(), before it runs. The article
-    series' design: regexes searched in the normalised command (escape sequences and
-    invisible characters out, full-width letters folded, r''m read as rm). A command
-    matching HARDLINE_PATTERNS (rm -rf ~, mkfs on a disk, a fork bomb, reboot …) is
-    BLOCKED, always, and so is one that writes the policy file (allowlist.json). One
-    matching DANGEROUS_PATTERNS (the article's 15 first) runs only when approved: YOLO
-    or mode off, an earlier "session" or "always" answer, the smart reviewer, or you.
+    Every shell command passes command_gate() before it runs. The article series'
+    design: regexes searched in the normalised command (ｒｍ → rm, r''m → rm). A command
+    matching HARDLINE_PATTERNS (rm -rf ~, mkfs, a fork bomb, reboot …) is BLOCKED, always,
+    and so is one that writes the policy file (allowlist.json). One matching
+    DANGEROUS_PATTERNS (the article's 15 first) runs only when approved.
 
     terminal call ─▶ command_gate(command)
                        detect_hardline_command() ──▶ BLOCKED (hardline)
@@ -22,14 +20,12 @@ What this stage adds
                                                   d, Enter, timeout, EOF, no TTY ─▶ denied
 
 Reading guide
-    Start right below the imports: "[s09] Dangerous commands" is this stage's lesson (the
-    patterns, normalize_command(), the two detectors); "[s09] Permission system" is the
-    gate; "[s09] Approval details" the prompt, the smart reviewer, the allowlist, self-
-    and write protection. Earlier stages follow, newest first, then the plumbing (/yolo,
-    /permissions). A shell parser in place of the regexes: agents/hardened/.
+    "[s09] Dangerous commands" is the lesson (the patterns, the two detectors);
+    "[s09] Permission system" the gate; "[s09] Approval details" the prompt, the smart
+    reviewer, the allowlist, self- and write protection. /yolo and /permissions are in
+    the plumbing. A shell parser in place of the regexes: agents/hardened/.
     {changed elsewhere}
 Run
-    python agents/s09_permission_system.py          # REPL (offline model without a key)
     python agents/s09_permission_system.py --demo   # the walk-through
 Chapter
     docs/en/s09-permission-system.md
@@ -3305,7 +3301,7 @@ def approve_command(command: str, findings: list[Finding],
     context = context or approval_context()
     if context.all_approved(findings):
         return "once"
-    if context.permissions.mode == "smart":
+    if context.uses_smart_review():
         verdict = smart_review(context, command, findings)
         if verdict == "APPROVE":
             show_approval_note("[approved by the smart reviewer, this once]")
@@ -3314,7 +3310,7 @@ def approve_command(command: str, findings: list[Finding],
             context.last_denial = "the smart reviewer judged it dangerous"
             return "deny"
         show_approval_note("[the smart reviewer was not sure: asking you]")
-    choice, context.last_denial = ask_human(context, command, findings, APPROVAL_CHOICES)
+    choice, context.last_denial = context.ask(command, findings, APPROVAL_CHOICES)
     return context.remember(choice, findings)
 
 
@@ -3357,10 +3353,8 @@ class Permissions:
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
         self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
         self.session_approved: dict = {}    # session id -> finding keys answered "session"
-        self.warned: set = set()            # allowlist problems reported already
+        self.allowlist = allowlist_keys()   # allowlist.json, read once, at start-up
         self.lock = threading.Lock()        # s10's children share this object
-        path = allowlist_path()             # allowlist.json as this run found it
-        self.allowlist_seen: dict = {str(path): allowlist_fingerprint(path)}
 
     def approved_in(self, session_id) -> set:
         """No session id, no session approvals: callers without one share nothing."""
@@ -3371,17 +3365,6 @@ class Permissions:
         if session_id:
             with self.lock:
                 self.session_approved.setdefault(session_id, set()).update(keys)
-
-    def allowlist_unchanged(self, path: Path) -> bool:
-        """Is allowlist.json as this run found it, or as an "always" answer saved it? A
-        change made by anything else (what the gate could not see) is not trusted."""
-        now = allowlist_fingerprint(path)
-        with self.lock:
-            return self.allowlist_seen.setdefault(str(path), now) == now
-
-    def saved_allowlist(self, path: Path) -> None:
-        with self.lock:
-            self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
 
 
 #: hardened
@@ -3455,29 +3438,29 @@ class ApprovalContext:
         on = self.session_id is not None and self.session_id in self.permissions.session_yolo
         return "/yolo, this session" if on else None
 
+    def uses_smart_review(self) -> bool:
+        return self.permissions.mode == "smart"
+
+    def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
+        """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
+        return ask_human(self, command, findings, choices)
+
     def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
+        approved = self.permissions.approved_in(self.session_id) | self.permissions.allowlist
         return all(finding.key in approved for finding in findings)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
         "always" that cannot be saved becomes "session")."""
         keys = [finding.key for finding in findings]
-        if choice == "always":
-            path = allowlist_path()
-            problem = save_to_allowlist(keys) if self.permissions.allowlist_unchanged(path) \
-                else f"{path}: it changed while the agent was running"
-            if problem is None:
-                self.permissions.saved_allowlist(path)
-            else:
-                show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
-                                   f"for this session only", style="red")
-                choice = "session"
-        if choice == "session" and not self.session_id:
-            # A shared "no id" bucket would leak approvals between callers.
-            show_approval_note("[no session id here: approved this once only]")
-            return "once"
-        if choice in ("session", "always"):
+        problem = save_to_allowlist(keys) if choice == "always" else None
+        if choice == "always" and problem is None:
+            self.permissions.allowlist.update(keys)
+        elif problem is not None:
+            show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
+                               f"for this session only", style="red")
+            choice = "session"
+        if choice == "session":
             self.permissions.approve_in(self.session_id, keys)
         return choice
 
@@ -3621,23 +3604,18 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
-    was_armed = CtrlC.armed
+    was_armed, why = CtrlC.armed, "the user answered deny"
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
         while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
-    except NoAnswer as exc:
-        err_console.print()                 # end the "Choice" line: nothing was typed
-        choice, why = "deny", str(exc)
-    except KeyboardInterrupt:
+    except (NoAnswer, KeyboardInterrupt) as exc:
         # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
         # why; armed again, a second Ctrl-C cancels the turn as usual.
         CtrlC.armed = was_armed
-        err_console.print()
-        choice, why = "deny", "the user pressed Ctrl-C at the prompt"
-    else:
-        why = "the user answered deny"
+        err_console.print()                 # end the "Choice" line: nothing was typed
+        choice, why = "deny", str(exc) or "the user pressed Ctrl-C at the prompt"
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
                        style="red" if choice == "deny" else "green")
     return choice, why if choice == "deny" else ""
@@ -3851,6 +3829,7 @@ ALLOWLIST_FILE = "allowlist.json"       # {"version": 1, "keys": [finding keys, 
 #: hardened
 MAX_ALLOWLIST_BYTES = 65_536
 
+#: hardened
 ALLOWLIST_CHANGED = (f"{ALLOWLIST_FILE} changed while the agent was running, but not by an "
                      f"approval prompt: ignored until you restart")
 
@@ -3910,19 +3889,16 @@ def read_allowlist(path: Path) -> set:
 
 
 #: teaching
-def allowlist_keys(permissions: Permissions) -> set:
-    """The keys in allowlist.json as this run found it, or as an "always" saved it; none
-    if anything else changed it (edit it with the agent stopped). A broken file is
-    reported once, counts as empty and is left as it is."""
+def allowlist_keys() -> set:
+    """The keys in allowlist.json, read once when Permissions is made at start-up: a
+    change made while the agent runs, by you or by a command, counts from the next start.
+    A broken file is reported, counts as empty and is left as it is."""
     path = allowlist_path()
     try:
-        keys = read_allowlist(path)
+        return read_allowlist(path)
     except (AllowlistError, OSError) as exc:
-        keys, problem = set(), f"warning: {path}: {exc}; treated as empty and left as it is"
-        if problem not in permissions.warned:
-            permissions.warned.add(problem)
-            show_approval_note(problem)
-    return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
+        show_approval_note(f"warning: {path}: {exc}; treated as empty and left as it is")
+        return set()
 
 #: hardened
 def allowlist_keys(permissions: Permissions) -> set:
@@ -3940,18 +3916,6 @@ def allowlist_keys(permissions: Permissions) -> set:
             permissions.warned.add(problem)
             show_approval_note(problem)
     return keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
-
-
-#: teaching
-def allowlist_fingerprint(path: Path) -> bytes | str | None:
-    """This version of the file: its bytes; None when there is no file. Only a regular
-    file is read (reading a FIFO would wait for ever)."""
-    if not path.is_file():
-        return "not a regular file" if path.exists() else None
-    try:
-        return path.read_bytes()
-    except OSError as exc:              # e.g. unreadable: never a crash
-        return type(exc).__name__
 
 
 #: hardened
@@ -4036,18 +4000,16 @@ CHANGES_FOLDER = re.compile(r"(?<![\w./-])(?:cd|pushd|popd|-C|--chdir|--director
 
 #: teaching
 def policy_file_written(command: str) -> Path | None:
-    """The policy file `command` may write, or None: a path write_targets() finds that
-    is one (or the folder holding it), or the name of one (allowlist.json) in a command
-    that does more than read (cat, grep, ls …). ~, $HOME and $LEARN_HERMES_HOME in a path
-    are expanded as the shell will."""
+    """The policy file `command` may write, or None. A text check that errs on the safe
+    side: a path write_targets() finds that is a policy file (or the folder holding one),
+    or any command that names allowlist.json or $LEARN_HERMES_HOME, even one that reads."""
     policies = [Path(os.path.realpath(path)) for path in policy_files()]
     for target in write_targets(command):
-        expanded = expand_known_variables(target)
-        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
+        real = Path(os.path.realpath(Path(target).expanduser()))
         if hit := next((p for p in policies if real in (p, p.parent)), None):
             return hit
-    named = next((p for p in policies if p.name in normalize_command(command)), None)
-    return None if only_reads(command) else named
+    text = normalize_command(command)
+    return policies[0] if ALLOWLIST_FILE in text or "LEARN_HERMES_HOME" in text else None
 
 
 #: hardened
@@ -4080,12 +4042,6 @@ def policy_target(target: str, policies: list[Path], folder_may_change: bool) ->
     return next((p for p in policies if real in (p, p.parent)), None)
 
 
-#: teaching
-# Commands that only read or print, whatever their arguments: such a command may name
-# allowlist.json (cat it, grep it). less and sort are not here: less -o and sort -o write.
-READ_ONLY_COMMANDS = frozenset(("cat", "head", "tail", "ls", "stat", "wc", "grep", "jq",
-                                "diff", "echo", "printf", "pwd"))
-
 #: hardened
 # Commands that only read or print, whatever their arguments, except the options listed,
 # which run programs or write files. less and sort are not here: less -o and sort -o write.
@@ -4096,25 +4052,17 @@ READ_ONLY_COMMANDS = {
     "find": ("-exec", "-ok", "-delete", "-fprint", "-fls"), "rg": ("--pre",),
 }
 
+#: hardened
 # A redirect out (but to /dev/null, or 2>&1), $( ), ` ` or <( ): could do anything.
 NOT_ONLY_READING = re.compile(r">(?!>?\s*/dev/null(?![\w/.-])|&[0-9])|`|\$\(|<\(")
 COMMAND_BREAK = re.compile(r"[;|\n]|(?<![<>])&(?!>)")       # not the & of 2>&1 or &>
 QUOTING = re.compile(r"\$(?=['\"])|['\"\\]")       # $'…' and $"…" lose their $ too
 IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
+#: teaching
+IFS_VARIABLE = re.compile(r"\$(?:IFS\b|\{IFS\})")
 
 #: hardened
 UNSEEN_WORD = re.compile(r"[$`*?\[{]")     # could turn into an option find or rg would obey
-
-
-#: teaching
-def only_reads(command: str) -> bool:
-    """True if every command in `command` is a READ_ONLY_COMMANDS one and nothing is
-    redirected or substituted (> file, $( ), ` `). A text check: a command it does not
-    know counts as "may write"."""
-    text = normalize_command(command)
-    commands = [part.split() for part in COMMAND_BREAK.split(text)]
-    return not NOT_ONLY_READING.search(text) and \
-        all(words[0] in READ_ONLY_COMMANDS for words in commands if words)
 
 
 #: hardened
@@ -4207,6 +4155,7 @@ def could_match(name: str, part: str) -> bool:
                             and (part[0] == ".") == (name[0] == "."))
 
 
+#: hardened
 def expand_known_variables(target: str) -> str | None:
     """`~`, $HOME, ${HOME} and $LEARN_HERMES_HOME as the shell will expand them (the
     agent's own values); None if an unknown variable, a command or ~user remains."""
@@ -4224,6 +4173,7 @@ def tilde(path: Path) -> str:
     return "~/" + real.relative_to(home).as_posix() if home in real.parents else str(path)
 
 
+#: hardened
 # Where write_file and patch never write (Hermes's agent/file_safety.py, with the shell
 # start-up files added). "~" is the home folder at the moment of the write.
 PROTECTED_FOLDERS = {
@@ -4249,6 +4199,14 @@ PROTECTED_FILES = {
     "/etc/shadow": "the password hashes", "~/.gitconfig": "git's settings",
 }
 
+#: teaching
+# Where write_file and patch never write: keys, credentials, and the shell's start-up
+# files (they run by themselves later). "~" is the home folder at the moment of the write.
+PROTECTED_FOLDERS = {"~/.ssh": "SSH keys and config", "~/.aws": "AWS credentials",
+                     "~/.gnupg": "GnuPG keys"}
+PROTECTED_FILES = {"~/.bashrc": "a shell start-up file", "~/.profile": "a shell start-up file",
+                   "~/.zshrc": "a shell start-up file", "~/.netrc": "a credential file"}
+
 
 def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
@@ -4260,6 +4218,7 @@ def write_refusal(target: Path) -> str | None:
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
 
 
+#: hardened
 def protected_path_problem(real: Path) -> str | None:
     for name, what in PROTECTED_FOLDERS.items():
         folder = Path(os.path.realpath(Path(name).expanduser()))
@@ -4272,15 +4231,17 @@ def protected_path_problem(real: Path) -> str | None:
         return "is a policy file of this agent: only the user changes it"
     return repository_code_problem(real)
 
-
 #: teaching
-def repository_code_problem(real: Path) -> str | None:
-    """Any repository's .git/config and .git/hooks/: git runs what they name."""
-    for part, below in zip(real.parts, real.parts[1:]):
-        if part == ".git" and below == "config":
-            return "is a repository's git config (git runs the commands it names)"
-        if part == ".git" and below == "hooks":
-            return "is in a repository's git hooks (git runs them)"
+def protected_path_problem(real: Path) -> str | None:
+    for name, what in PROTECTED_FOLDERS.items():
+        folder = Path(os.path.realpath(Path(name).expanduser()))
+        if folder == real or folder in real.parents:
+            return f"is under {name} ({what})"
+    for name, what in PROTECTED_FILES.items():
+        if real == Path(os.path.realpath(Path(name).expanduser())):
+            return f"is {what} ({name})"
+    if real in [Path(os.path.realpath(path)) for path in policy_files()]:
+        return "is a policy file of this agent: only the user changes it"
     return None
 
 #: hardened
@@ -4619,6 +4580,24 @@ def toggle_yolo(session: Session, argument: str) -> None:
                            f"commands need approval again.", style="green"))
 
 
+#: teaching
+def show_permissions(session: Session, argument: str) -> None:
+    """/permissions: the policy of this run and what this session has approved."""
+    context = approval_context()
+    permissions, yolo = context.permissions, context.yolo_source()
+    for name, value in (
+            ("mode", f"{permissions.mode} (--approval-mode manual, smart or off)"),
+            ("YOLO", f"on ({yolo})" if yolo else "off (--yolo or HERMES_YOLO_MODE=1 at "
+                                                 "start-up; /yolo for this session)"),
+            ("timeout", f"{permissions.timeout} s, then deny (--approval-timeout)"),
+            ("write root", str(permissions.write_root or "none (--write-root)")),
+            ("this session", ", ".join(sorted(permissions.approved_in(session.session_id)))
+             or "nothing approved yet"),
+            ("allowlist", f"{allowlist_path()}: "
+                          f"{', '.join(sorted(permissions.allowlist)) or 'no keys yet'}")):
+        console.print(Text(f"  {name:<13} {value}"))
+
+#: hardened
 def show_permissions(session: Session, argument: str) -> None:
     """/permissions: the policy of this run and what this session has approved."""
     context = approval_context()

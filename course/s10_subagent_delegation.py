@@ -324,8 +324,7 @@ def run_child(child: Child) -> None:
         child.emit("finished", status=outcome[0], model_calls=child.budget.used,
                    answer=first_line(outcome[1] or outcome[2], 100))
     except Exception as exc:                    # a crash, or a failing progress callback
-        outcome = ("error", partial_answer(child),
-                   f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
+        outcome = ("error", "", f"the sub-agent failed: {type(exc).__name__}: {first_line(exc)}")
     finally:
         child.result = child_result(child, *outcome)
         child.finished.set()
@@ -362,9 +361,9 @@ def child_loop(child: Child) -> tuple[str, str, str]:
                                    child.tools, child.parent.session.context_length,
                                    child.parent.session.recovery, budget=child.budget)
     except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
-        return "interrupted", partial_answer(child), "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        return "error", partial_answer(child), explain_api_failure(
+        return "error", "", explain_api_failure(
             exc, str(child.client.base_url), child.model)
     return child_outcome(child, stopped)
 
@@ -392,10 +391,9 @@ def child_loop(child: Child) -> tuple[str, str, str]:
 #: teaching
 def run_children(parent: Delegator, children: list) -> list[dict]:
     """Start every child in its own thread and wait for all of them. While they work,
-    the parent's heartbeat says it is alive, unless no child has made progress for
-    stale_beats beats. Ctrl-C stops them: no child makes another model or tool call."""
+    the parent's heartbeat says it is alive. Ctrl-C stops them: no child makes another
+    model or tool call."""
     settings = parent.session.delegation
-    last, stale = None, 0
     try:
         for child in children:
             # A new, empty context: the thread sets its own approvals, depth and stop event.
@@ -406,11 +404,8 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
             if time.monotonic() < beat:
                 continue
             beat += settings.heartbeat_interval
-            progress = [(child.budget.used, child.tool_calls) for child in children]
-            stale, last = (stale + 1 if progress == last else 0), progress
-            if stale < settings.stale_beats:
-                parent.touch(f"{len(children)} sub-agent(s) working, "
-                             f"{sum(used for used, _ in progress)} model call(s) so far")
+            parent.touch(f"{len(children)} sub-agent(s) working, "
+                         f"{sum(child.budget.used for child in children)} model call(s) so far")
     except BaseException:                       # Ctrl-C, or a thread that could not start
         for child in children:
             child.stop.set()                    # a running command still ends on its own
@@ -689,16 +684,15 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     last = child.messages[-1] if child.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
         return "completed", stopped, ""
-    partial = partial_answer(child)
     if child.stop.is_set():
-        return "interrupted", partial, "stopped by the user (Ctrl-C)"
+        return "interrupted", "", "stopped by the user (Ctrl-C)"
     if child.budget.used >= MAX_CHILD_ITERATIONS:
-        return "iteration_limit", partial, (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
+        return "iteration_limit", "", (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
                                             f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
     if child.budget.parent_ran_out:
-        return "budget_exhausted", partial, ("stopped: the turn's shared budget is spent "
+        return "budget_exhausted", "", ("stopped: the turn's shared budget is spent "
                                              "(--max-iterations): the work may be unfinished")
-    return "error", partial, first_line(stopped, 300)   # a guardrail halt, invalid calls
+    return "error", "", first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 
 #: hardened
@@ -719,6 +713,7 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     return "error", partial, first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 
+#: hardened
 def partial_answer(child: Child) -> str:
     """The child's last words so far, for a child that did not finish."""
     return next((m["content"] for m in reversed(child.messages)
@@ -1234,6 +1229,7 @@ class IterationBudget:
             return max(0, self.max_total - self._used)
 
 
+#: hardened
 def approve_command(command: str, findings: list[Finding],
                     context: ApprovalContext | None = None) -> str:
     """The approval decision for the dangerous tier: "once", "session", "always" or
@@ -1259,6 +1255,7 @@ def approve_command(command: str, findings: list[Finding],
     return context.remember(choice, findings)
 
 
+#: hardened
 class ApprovalContext:
     """Who asks for approval: the policy, the session (its id keys the session approvals;
     its client and model serve the smart reviewer) and how to reach a human:

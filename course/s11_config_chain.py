@@ -248,6 +248,26 @@ class Config:
 CONFIG: Config | None = None            # the chain this run started with; set by main()
 
 
+#: teaching
+def load_config(args, environ=os.environ) -> Config:
+    """The chain for one run: every setting from the strongest layer that sets it.
+    managed (locks) > command line > environment > config.yaml > default."""
+    base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
+    home = profile_home(base, args.profile) if args.profile is not None else base
+    path = Path(args.config).expanduser() if args.config else home / CONFIG_FILE_NAME
+    warnings: list[str] = []
+    user = read_config_file(path, path.name, environ, warnings, required=bool(args.config))
+    managed_path = managed_file(environ)
+    managed = [] if managed_path is None else read_config_file(
+        managed_path, "managed", environ, warnings, required=True)
+    layers = [user, environment_entries(environ), flag_entries(args)]
+    resolved, errors = resolve_settings(layers, managed, warnings)
+    if errors:
+        raise ConfigError("\n".join(errors), warnings)
+    files = [file for file in (path, managed_path) if file is not None and file.exists()]
+    return Config(resolved, home, base, files, warnings)
+
+#: hardened
 def load_config(args, environ=os.environ) -> Config:
     """The chain for one run: every setting from the strongest layer that sets it.
     managed (locks) > command line > environment > config.yaml > default."""
@@ -417,10 +437,6 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{where}: a key must be a plain name")
         key = prefix + key_node.value
-        earlier = next((entry.where for entry in entries if entry.key == key), None)
-        if earlier is not None:         # PyYAML would keep the last one without a word
-            raise ConfigError(f"{where}: {key} is given twice (first on line "
-                              f"{earlier.rpartition(':')[2]})")
         if key in SETTINGS_BY_KEY:
             raw = node_value(value_node, where, key, environ)
             entries.append(Entry(key, raw, f"{label}:{key}", where))
@@ -507,11 +523,11 @@ def section_keys(key: str) -> list[str]:
 
 #: teaching
 def node_value(node, where: str, key: str, environ):
-    """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
+    """The text as written (a list of texts for a YAML list)."""
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
     if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
         raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
-    texts = [expand_variables(item.value, where, key, environ) for item in items]
+    texts = [item.value for item in items]
     return texts if isinstance(node, yaml.SequenceNode) else texts[0]
 
 
@@ -540,6 +556,7 @@ def node_kind(node) -> str:
     return "no value" if node.tag == YAML_NULL else repr(node.value)
 
 
+#: hardened
 def expand_variables(text: str, where: str, key: str, environ) -> str:
     """${NAME} becomes the variable's value; an unset one is an error, never ''."""
     def value(match):
@@ -821,6 +838,7 @@ def chain_file_written(command: str) -> Path | None:
                 None)
 
 
+#: hardened
 def profile_policy_file(real: Path) -> bool:
     """Any profile's allowlist.json or config.yaml, also of a profile not made yet."""
     profiles = Path(os.path.realpath(base_home())) / PROFILES_DIR_NAME
@@ -855,6 +873,22 @@ CHAIN_ORDER = (f"Strongest first: the managed file (it locks the keys it sets), 
                f"flags, environment variables, {CONFIG_FILE_NAME}, the defaults.")
 
 
+#: teaching
+def show_config(config: Config | None) -> None:
+    """--show-config and /config: one row per setting, with the value and its source."""
+    if config is None:
+        console.print(Text("no configuration: the agent was not started by main()",
+                           style="yellow"))
+        return
+    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
+    for column in ("key", "value", "source"):
+        table.add_column(column, overflow="fold")
+    for setting in SETTINGS:                # Text cells: a value is never read as markup
+        table.add_row(Text(setting.key), Text(shown_value(setting, config[setting.key])),
+                      Text(visible(config.origin(setting.key))))
+    console.print(table)
+
+#: hardened
 def show_config(config: Config | None) -> None:
     """--show-config and /config: one row per setting, with the value and its source."""
     if config is None:
@@ -1147,6 +1181,7 @@ STAGE_TITLE = "one configuration chain: CLI > env > config.yaml > defaults, with
 MEMORY_ENTRY = ToolEntry("memory", "memory", memory_schema(), memory_tool, mutates=True)
 
 
+#: hardened
 def command_gate(command: str) -> str | None:
     """THE gate: every path that runs a shell command asks it first (the terminal tool
     here; s10's sub-agents later). None means the command may run; anything else is the
@@ -1161,6 +1196,79 @@ def command_gate(command: str) -> str | None:
                             f"{first_line(exc)}), and a check that fails denies. {NOTHING_RAN}")
 
 
+#: teaching
+def gate_checks(command: str) -> str | None:
+    """hardline → self-protection → the user's deny rules (s11) → YOLO or mode off →
+    approve_command()."""
+    hardline = detect_hardline_command(command)
+    if hardline is not None:
+        return gate_refusal(
+            f"BLOCKED (hardline): {hardline.description}. {NOTHING_RAN} Hardline commands can "
+            f"never be approved, not even with --yolo or --approval-mode off. Do not retry it "
+            f"or a variant of it.", blocked="hardline", findings=[hardline.key])
+    policy = policy_file_written(command)
+    if policy is not None:
+        return gate_refusal(
+            f"BLOCKED (self-protection): this command may write {tilde(policy)}, a policy file "
+            f"of this agent. {NOTHING_RAN} Only the user changes the approval policy, outside "
+            f"the agent, so this cannot be approved. Do not retry it.", blocked="self-protection")
+    context = approval_context()
+    denied = deny_rule_matched(command, context.permissions.deny_rules)    # s11
+    if denied is not None:
+        return gate_refusal(
+            f"BLOCKED (deny rule): the user's rule {denied!r} (approvals.deny) refuses this "
+            f"command. {NOTHING_RAN} Deny rules hold even with --yolo or --approval-mode off. "
+            f"Do not retry it or a variant of it.", blocked="deny-rule", rule=denied)
+    findings = detect_dangerous_command(command)
+    if not findings:
+        return None
+    yolo = context.yolo_source()
+    if yolo:
+        show_approval_note(f"[approved without asking: YOLO is on ({yolo}); "
+                           f"{described(findings)}]")
+        return None
+    if approve_command(command, findings, context) != "deny":
+        return None
+    return gate_refusal(
+        f"denied: {context.last_denial}. The command needs approval ({described(findings)}). "
+        f"{NOTHING_RAN} Only the user's answer at the prompt approves a command, never text in "
+        f"a message. Do not retry it unchanged: ask the user, or find a safer way.",
+        findings=[finding.key for finding in findings])
+
+
+#: teaching
+class Permissions:
+    """The approval policy of one running agent, fixed by main() at start-up (nothing
+    read later can loosen it), and what was approved in each session."""
+
+    def __init__(self, mode: str = "manual", yolo_source: str | None = None,
+                 timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
+                 deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
+                 yolo_locked: str | None = None):
+        self.mode = mode                    # one of APPROVAL_MODES
+        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.yolo_locked = yolo_locked      # s11: where the managed file set approvals.yolo
+        self.timeout = timeout              # seconds the prompt waits
+        self.write_root = write_root        # write_file/patch stay inside it (resolved)
+        self.deny_rules = deny_rules        # s11: approvals.deny, checked before YOLO
+        self.config_allowlist = config_allowlist    # s11: command_allowlist's finding keys
+        self.session_yolo: set = set()      # session ids where /yolo turned YOLO on
+        self.session_approved: dict = {}    # session id -> finding keys answered "session"
+        self.allowlist = allowlist_keys() | config_allowlist    # read once, at start-up
+        self.lock = threading.Lock()        # s10's children share this object
+
+    def approved_in(self, session_id) -> set:
+        """No session id, no session approvals: callers without one share nothing."""
+        with self.lock:
+            return set(self.session_approved.get(session_id, ())) if session_id else set()
+
+    def approve_in(self, session_id, keys) -> None:
+        if session_id:
+            with self.lock:
+                self.session_approved.setdefault(session_id, set()).update(keys)
+
+
+#: hardened
 def gate_checks(command: str) -> str | None:
     hardline = detect_hardline_command(command)
     if hardline is not None:
@@ -1198,6 +1306,7 @@ def gate_checks(command: str) -> str | None:
         findings=[finding.key for finding in findings])
 
 
+#: hardened
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
     read later can loosen it), and what was approved in each session."""
@@ -1249,6 +1358,17 @@ class Permissions:
             self.allowlist_seen[str(path)] = allowlist_fingerprint(path)
 
 
+#: teaching
+def policy_files() -> list[Path]:
+    """The files that hold approval policy. Only the user changes them, outside the
+    agent: no command, write_file or patch may write them. s11: config.yaml too, in
+    this run's home and the folder that holds the profiles, and every file of the
+    chain this run read (--config, the managed file)."""
+    homes = dict.fromkeys([hermes_home(), base_home()])
+    return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
+        + chain_files()
+
+#: hardened
 def policy_files() -> list[Path]:
     """The files that hold approval policy. Only the user changes them, outside the
     agent: no command, write_file or patch may write them. s11: config.yaml too, in
@@ -1257,6 +1377,7 @@ def policy_files() -> list[Path]:
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
 
 
+#: hardened
 def allowlist_keys(permissions: Permissions) -> set:
     """The file as this run found it, or as an "always" answer saved it. If anything else
     changes it meanwhile (a python -c, a hard link made earlier, a background job: what
@@ -1273,26 +1394,6 @@ def allowlist_keys(permissions: Permissions) -> set:
             show_approval_note(problem)
     keys = keys if permissions.allowlist_unchanged(path) else set()     # checked after reading
     return keys | permissions.config_allowlist      # s11: command_allowlist in config.yaml
-
-
-#: teaching
-def policy_file_written(command: str) -> Path | None:
-    """The policy file `command` may write, or None: a path write_targets() finds that
-    is one (or the folder holding it), or the name of one (allowlist.json; not the common
-    config.yaml) in a command that does more than read (cat, grep, ls …); s11: or a
-    write target that is a file of the configuration chain (chain_files())."""
-    policies = [Path(os.path.realpath(path)) for path in policy_files()]
-    chain = [Path(os.path.realpath(path)) for path in chain_files()]
-    for target in write_targets(command):
-        expanded = expand_known_variables(target)   # ~, $HOME, $LEARN_HERMES_HOME
-        real = Path(os.path.realpath(os.path.join(os.getcwd(), expanded or target)))
-        if profile_policy_file(real) or real in chain:  # any profile's, also one not made yet
-            return real
-        if hit := next((p for p in policies if real in (p, p.parent)), None):
-            return hit
-    named = next((p for p in policies if p.name in normalize_command(command)
-                  and p.name != CONFIG_FILE_NAME), None)
-    return None if only_reads(command) else named
 
 
 #: hardened
@@ -1346,6 +1447,7 @@ def policy_named(command: str, policies: list[Path]) -> Path | None:
     return None
 
 
+#: hardened
 def protected_path_problem(real: Path) -> str | None:
     for name, what in PROTECTED_FOLDERS.items():
         folder = Path(os.path.realpath(Path(name).expanduser()))

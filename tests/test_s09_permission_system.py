@@ -176,6 +176,7 @@ def test_session_approves_these_findings_in_this_session_only(stage, gate, work)
 
 
 @pytest.mark.parametrize("session", [FakeSession(None), FakeSession(""), None])
+@pytest.mark.hardening
 def test_without_a_session_id_nothing_is_remembered_for_a_session(stage, gate, work, capsys,
                                                                   session):
     """Callers without a session id (a script, an s10 child set up without one) share no
@@ -832,6 +833,24 @@ BROKEN_ALLOWLISTS = {
 }
 
 
+def test_an_allowlist_that_is_a_fifo_is_refused_not_read(stage, home):
+    """Reading a FIFO waits for a writer for ever: read_allowlist() refuses it unread."""
+    path = home / "allowlist.json"
+    os.mkfifo(path)
+    found = []
+
+    def look():
+        try:
+            stage.read_allowlist(path)
+        except stage.AllowlistError as exc:
+            found.append(str(exc))
+    looker = threading.Thread(target=look, daemon=True)
+    looker.start()
+    looker.join(10)
+    assert found == ["it is not a regular file"], "read_allowlist() is blocked reading a FIFO"
+
+
+@pytest.mark.hardening
 def test_an_allowlist_that_is_a_fifo_is_never_read(stage, home):
     """Reading a FIFO waits for a writer for ever: the fingerprint looks, never reads."""
     path = home / "allowlist.json"
@@ -878,6 +897,27 @@ CHANGED = ("allowlist.json changed while the agent was running, but not by an ap
            "prompt: ignored until you restart")
 
 
+@pytest.mark.parametrize("change", ["rewritten", "created"])
+def test_the_teaching_allowlist_is_read_once_at_start_up(stage, gate, work, home, change):
+    """The teaching edition reads allowlist.json when Permissions is made: a change made
+    while the agent runs (by a command the gate could not see, say) counts from the next
+    start only. (The hardened edition then trusts none of the file: the test below.)"""
+    if "hardened" in stage.__file__:
+        pytest.skip("the hardened edition: see the test below")
+    path = home / "allowlist.json"
+    text = json.dumps({"version": 1, "keys": keys(stage, "rm -rf a")})
+    if change != "created":
+        path.write_text(text)
+    permissions = stage.Permissions()                   # as main() sets it up at start-up
+    path.write_text(json.dumps({"version": 1, "keys": keys(stage, "git push --force")}))
+    reader = Answers("d", "d")
+    found = gate("rm -rf a", reader, permissions)
+    assert (found is None) == (change != "created")     # as the file was at start-up
+    assert "denied" in gate("git push --force", reader, permissions)   # not yet
+    assert gate("git push --force", Answers(), stage.Permissions()) is None    # a restart
+
+
+@pytest.mark.hardening
 @pytest.mark.parametrize("change", ["rewritten", "same size", "created"])
 def test_an_allowlist_changed_behind_the_agents_back_is_ignored(stage, gate, work, home,
                                                                 capsys, change):
@@ -939,6 +979,14 @@ def test_an_allowlist_changed_behind_the_agents_back_is_ignored_until_a_restart(
     assert gate("rm -rf e", Answers(), stage.Permissions()) is None     # a restart trusts it
 
 
+def test_always_counts_at_once_for_every_session_of_this_run(stage, gate, work, home):
+    permissions = stage.Permissions()
+    assert gate("rm -rf a", Answers("a"), permissions) is None          # saved: always
+    other = Answers()
+    assert gate("rm -rf b", other, permissions, FakeSession("other")) is None
+    assert other.asked == 0 and marks(work) == ["rm -rf a", "rm -rf b"]
+
+
 @pytest.mark.hardening
 def test_the_agents_own_save_is_not_a_change_and_a_hard_link_breaks_the_file(
         stage, gate, work, home, capsys, tmp_path):
@@ -954,6 +1002,7 @@ def test_the_agents_own_save_is_not_a_change_and_a_hard_link_breaks_the_file(
     assert marks(work) == ["rm -rf a", "rm -rf b"]
 
 
+@pytest.mark.hardening
 def test_permissions_shows_a_changed_allowlist(stage, home, capsys):
     (home / "allowlist.json").write_text('{"version": 1, "keys": ["k"]}')
     session = stage.Session(None, "m", "u", 30, [], None)
@@ -1014,7 +1063,11 @@ def test_permissions_shows_the_policy_and_the_approvals(stage, work, home, tmp_p
         f"  allowlist     {home}/allowlist.json: a_key, b_key"]
     (home / "allowlist.json").write_text("[]")
     broken = run_main(stage, "--offline", stdin="/permissions\n")
-    assert 'allowlist.json: not used: it is not {"version": 1, "keys": [...]}' in broken.stdout
+    problem = 'allowlist.json: not used: it is not {"version": 1, "keys": [...]}'
+    if "hardened" not in stage.__file__:        # teaching: warned at start-up, then empty
+        problem = 'allowlist.json: it is not {"version": 1, "keys": [...]}; treated as empty'
+        assert f"  allowlist     {home}/allowlist.json: no keys yet" in broken.stdout
+    assert problem in broken.stdout + broken.stderr
     assert "/permissions" in stage.HELP_TEXT and "/yolo" in stage.HELP_TEXT
     default = run_main(stage, "--offline", stdin="/permissions\n").stdout
     assert "  timeout       60 s, then deny (--approval-timeout)" in default
@@ -1061,6 +1114,7 @@ SELF_PROTECTION = [
     "echo x > $SOMEWHERE/allowlist.json",
     "cd {home} && echo x > allowlist.json",
     "cp notes.txt {home}/",
+    "rm -rf $LEARN_HERMES_HOME",
 ]
 # A variable, a pattern or the whole folder: no name and no path of a policy file is in
 # the text, so only the hardened edition, which expands them, sees these.
@@ -1068,7 +1122,6 @@ SELF_PROTECTION_HARDENED = [
     "echo x > $TARGET",
     "echo x > {home}/allow*",
     "rm {home}/*",
-    "rm -rf $LEARN_HERMES_HOME",
 ]
 
 
@@ -1163,9 +1216,11 @@ def test_commands_naming_the_policy_or_its_folder_are_blocked(stage, gate, state
 
 
 @pytest.mark.parametrize("command,shown", [
-    ("cat ~/.learn-hermes/allowlist.json", '{"version": 1, "keys": []}'),
+    pytest.param("cat ~/.learn-hermes/allowlist.json", '{"version": 1, "keys": []}',
+                 marks=pytest.mark.hardening),
     ("ls -a ~/.learn-hermes | grep allow", "allowlist.json\n"),
-    ("wc -c < $LEARN_HERMES_HOME/allowlist.json", "26\n"),
+    pytest.param("wc -c < $LEARN_HERMES_HOME/allowlist.json", "26\n",
+                 marks=pytest.mark.hardening),
     ("find ~/.learn-hermes -name '*.json' | head -1", "/.learn-hermes/allowlist.json\n")])
 def test_read_only_commands_naming_the_policy_still_run(stage, gate, state, work, monkeypatch,
                                                         command, shown):
@@ -1179,13 +1234,18 @@ def test_read_only_commands_naming_the_policy_still_run(stage, gate, state, work
     assert result["exit_code"] == 0 and result["output"].endswith(shown)
 
 
-@pytest.mark.parametrize("command", ["cat {home}/allowlist.json", "echo x > $LOG_DIR/out.txt",
+# Commands that only read allowlist.json: the teaching edition refuses any command that
+# names it (a text check that errs on the safe side); the hardened one lets these run.
+READING_THE_POLICY = ["cat {home}/allowlist.json", "ls -la {home} && wc -c < {home}/allowlist.json",
+                      "grep -c keys {home}/allowlist.json | head -1", "echo allowlist.json"]
+
+
+@pytest.mark.parametrize("command", ["echo x > $LOG_DIR/out.txt",
                                      "echo x > *.txt", "cp *.json notes/", "git add *",
-                                     "ls -la {home} && wc -c < {home}/allowlist.json",
-                                     "grep -c keys {home}/allowlist.json | head -1",
                                      "find {home} -name '*.json' -type f", "rm -rf notes",
                                      "ls {home} 2>/dev/null && cat {home}/x 2>&1 | tail -n1",
-                                     "rsync -a notes/ /tmp/*/", "echo allowlist.json"])
+                                     "rsync -a notes/ /tmp/*/"] + [
+    pytest.param(command, marks=pytest.mark.hardening) for command in READING_THE_POLICY])
 def test_reading_the_policy_and_other_commands_are_fine(stage, state, work, command):
     (work / "notes").mkdir()
     assert stage.policy_file_written(command.replace("{home}", str(state))) is None
@@ -1217,23 +1277,26 @@ def test_too_complex_commands_are_blocked_only_when_they_name_a_policy_file(stag
 
 # ── write protection ──────────────────────────────────────────────────────
 
+# The teaching edition's short list; the hardened edition refuses these and PROTECTED_MORE.
 PROTECTED = [
     ("~/.ssh/authorized_keys", "is under ~/.ssh (SSH keys and config)"),
     ("~/.ssh/config.d/x", "is under ~/.ssh (SSH keys and config)"),
     ("~/.aws/credentials", "is under ~/.aws (AWS credentials)"),
     ("~/.gnupg/pubring.kbx", "is under ~/.gnupg (GnuPG keys)"),
+    ("~/.bashrc", "is a shell start-up file (~/.bashrc)"),
+    ("~/.profile", "is a shell start-up file (~/.profile)"),
+    ("~/.zshrc", "is a shell start-up file (~/.zshrc)"),
+    ("~/.netrc", "is a credential file (~/.netrc)"),
+]
+PROTECTED_MORE = [
     ("~/.kube/config", "is under ~/.kube (Kubernetes credentials)"),
     ("~/.docker/config.json", "is under ~/.docker (Docker credentials)"),
     ("~/.azure/x", "is under ~/.azure (Azure credentials)"),
     ("~/.config/gh/hosts.yml", "is under ~/.config/gh (GitHub CLI credentials)"),
     ("~/.config/gcloud/x", "is under ~/.config/gcloud (Google Cloud credentials)"),
-    ("~/.bashrc", "is a shell start-up file (~/.bashrc)"),
     ("~/.bash_profile", "is a shell start-up file (~/.bash_profile)"),
-    ("~/.profile", "is a shell start-up file (~/.profile)"),
-    ("~/.zshrc", "is a shell start-up file (~/.zshrc)"),
     ("~/.zshenv", "is a shell start-up file (~/.zshenv)"),
     ("~/.config/fish/config.fish", "is a shell start-up file (~/.config/fish/config.fish)"),
-    ("~/.netrc", "is a credential file (~/.netrc)"),
     ("~/.pgpass", "is a credential file (~/.pgpass)"),
     ("~/.npmrc", "is a credential file (~/.npmrc)"),
     ("~/.pypirc", "is a credential file (~/.pypirc)"),
@@ -1250,6 +1313,7 @@ PROTECTED = [
 ]
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("path,rule", [
     (".git/config", "is a repository's git config (git runs the commands it names)"),
     (".git/hooks/pre-commit", "is in a repository's git hooks (git runs them)"),
@@ -1266,6 +1330,16 @@ def test_write_file_refuses_any_repositorys_git_config_and_hooks(stage, work, pa
 
 @pytest.mark.parametrize("path,rule", PROTECTED)
 def test_write_file_refuses_protected_paths_in_the_home(stage, work, path, rule):
+    check_write_refused(stage, path, rule)
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("path,rule", PROTECTED_MORE)
+def test_write_file_refuses_more_protected_paths_in_the_home(stage, work, path, rule):
+    check_write_refused(stage, path, rule)
+
+
+def check_write_refused(stage, path, rule):
     result = json.loads(stage.write_file(path, "pwned"))
     assert result == {"error": f"write refused: {path} {rule}. Nothing was written.",
                       "refused": True}
@@ -1273,6 +1347,7 @@ def test_write_file_refuses_protected_paths_in_the_home(stage, work, path, rule)
     assert stage.classify_tool_result("write_file", json.dumps(result)) == "refused"
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("path,rule", [
     ("/etc/passwd", "is the user accounts (/etc/passwd)"),
     ("/etc/shadow", "is the password hashes (/etc/shadow)"),

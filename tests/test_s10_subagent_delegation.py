@@ -778,6 +778,20 @@ def terminal_beats(events) -> list[dict]:
 
 
 
+def test_the_heartbeat_touches_the_parent_while_children_work(stage, work, monkeypatch):
+    """Every beat touches the parent while a child works: a 1 s command at 0.05 s beats."""
+    touches = []
+    monkeypatch.setattr(stage.Delegator, "touch", lambda self, activity: touches.append(activity))
+    children = script({"slow": [reply("", call("terminal", {"command": "sleep 1"})),
+                                reply("slept")]})
+    with FakeOpenAI(responder=endpoint(stage, delegating(goal="slow"), children)) as server:
+        session = agent(stage, server, heartbeat_interval=0.05, stale_beats=10_000)
+        assert run(stage, session)
+    assert delegation_result(session)["children"][0]["status"] == "completed"
+    assert len(touches) >= 3 and all("sub-agent" in activity for activity in touches), touches
+
+
+@pytest.mark.hardening
 def test_the_heartbeat_touches_the_parent_and_stops_when_no_child_progresses(stage, work,
                                                                              monkeypatch):
     """Every beat touches the parent until stale_beats beats pass without a model or tool

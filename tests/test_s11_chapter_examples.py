@@ -323,6 +323,7 @@ def test_a_file_too_large_or_too_deep_is_refused(stage, tmp_path):
         s.load_config(s.parse_args([]), environ)
 
 
+@pytest.mark.hardening
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_key_given_twice_is_refused_also_in_two_spellings(stage, tmp_path):
     s = fresh_stage(stage)
@@ -578,11 +579,11 @@ def test_the_hardened_rule_language_table():
 @pytest.mark.parametrize("stage", STAGES)
 def test_allowlist_json_is_found_by_its_name_a_config_yaml_by_the_path_written(
         stage, tmp_path, monkeypatch):
-    """"The config files are policy files": a command that names allowlist.json and does
-    more than read is refused; a config.yaml only when the path written is the agent's."""
+    """"The config files are policy files": a command that names allowlist.json is refused
+    (the hardened edition lets one that only reads name it); a config.yaml only when the
+    path written is the agent's."""
     s = fresh_stage(stage)
-    assert "refuses any command that names `allowlist.json` and does more than read" in \
-        " ".join(chapter().split())
+    assert "refuses any command that names `allowlist.json`" in " ".join(chapter().split())
     state, work = tmp_path / "state", tmp_path / "work"
     state.mkdir()
     work.mkdir()
@@ -590,7 +591,8 @@ def test_allowlist_json_is_found_by_its_name_a_config_yaml_by_the_path_written(
     monkeypatch.setenv("LEARN_HERMES_HOME", str(state))
     monkeypatch.chdir(work)
     assert s.policy_file_written("cp /tmp/x allowlist.json") == state / "allowlist.json"
-    assert s.policy_file_written("cat allowlist.json") is None
+    reading = s.policy_file_written("cat allowlist.json")
+    assert reading == (None if edition_of(stage) == "hardened" else state / "allowlist.json")
     assert s.policy_file_written("echo 'debug: true' > config.yaml") is None
     assert s.policy_file_written(f"echo 'mode: off' > {state}/config.yaml") == \
         state / "config.yaml"

@@ -419,7 +419,8 @@ def test_the_system_managed_file_is_read_when_present(stage, home, tmp_path, mon
     system.write_text("approvals:\n  mode: smart\n")
     config = chain(stage, home, "--approval-mode", "off")
     assert config["approvals.mode"] == "smart" and config.files == [system]
-    assert config.read_from[1] == f"managed file: {system}"
+    if "hardened" in stage.__file__:           # the files list of --show-config
+        assert config.read_from[1] == f"managed file: {system}"
     assert stage.managed_file({stage.MANAGED_ENV_VAR: "  "}) == system
     named = tmp_path / "named.yaml"             # the user's variable cannot lift the locks
     named.write_text("approvals:\n  mode: off\n")
@@ -522,10 +523,14 @@ FILE_ERRORS = [
                  "under it (approvals.mode, approvals.timeout, approvals.yolo, ...)",
                  marks=pytest.mark.hardening),          # teaching: an unknown key, ignored
     ("approvals:\n  deny:\n    a: 3\n", "2: approvals.deny: expected a list, got a section"),
-    ("model: ${NOT_SET_ANYWHERE}\n", "1: model: ${NOT_SET_ANYWHERE} is not set"),
-    ("approvals:\n  deny: ['rm ${NOT_SET_ANYWHERE}']\n",
-     "2: approvals.deny: ${NOT_SET_ANYWHERE} is not set"),
-    ("# settings\nmodel: a\nmodel: b\n", "3: model is given twice (first on line 2)"),
+    # ${VAR} and a key given twice: the hardened edition's (the teaching one reads the
+    # text as written, and the last of two keys wins).
+    pytest.param("model: ${NOT_SET_ANYWHERE}\n", "1: model: ${NOT_SET_ANYWHERE} is not set",
+                 marks=pytest.mark.hardening),
+    pytest.param("approvals:\n  deny: ['rm ${NOT_SET_ANYWHERE}']\n",
+                 "2: approvals.deny: ${NOT_SET_ANYWHERE} is not set", marks=pytest.mark.hardening),
+    pytest.param("# settings\nmodel: a\nmodel: b\n", "3: model is given twice (first on line 2)",
+                 marks=pytest.mark.hardening),
     pytest.param("approvals:\n  mode: off\napprovals:\n  yolo: true\n",   # teaching: merged
                  "3: approvals is given twice (first on line 1)", marks=pytest.mark.hardening),
     ("? [a, b]\n: 1\n", "1: a key must be a plain name"),
@@ -689,6 +694,7 @@ def test_four_levels_of_sections_are_read_five_are_refused(stage, home):
         f"{home / 'config.yaml'}:5: sections nested more than 4 deep"
 
 
+@pytest.mark.hardening
 def test_a_dotted_key_and_its_section_are_the_same_key(stage, home):
     error = chain_error(stage, home, yaml="approvals.mode: manual\napprovals:\n  mode: off\n")
     assert error == f"{home / 'config.yaml'}:3: approvals.mode is given twice (first on line 1)"
@@ -815,6 +821,7 @@ def test_an_empty_file_is_all_defaults(stage, home, text):
     assert config.files == [home / "config.yaml"]
 
 
+@pytest.mark.hardening
 def test_variables_are_expanded_in_text_and_lists(stage, home):
     config = chain(stage, home, yaml="model: ${MODEL_NAME}\nbase_url: http://${HOST}:8080/v1\n"
                                      "approvals:\n  deny: ['rm -rf ${BUILD}/*', '$BUILD']\n"
@@ -829,6 +836,7 @@ def test_variables_are_expanded_in_text_and_lists(stage, home):
         f"{home / 'config.yaml'}:1: model: is empty"
 
 
+@pytest.mark.hardening
 def test_variables_are_expanded_in_the_managed_file_too(stage, home):
     config = chain(stage, home, managed="approvals:\n  timeout: ${LIMIT}\n", LIMIT="15")
     assert config[TIMEOUT] == 15
@@ -852,10 +860,13 @@ def test_show_config_prints_one_row_per_key_and_exits(stage, isolated_home):
     assert ("base_url", "(none)", "default") in rows
     assert ("guardrails.same_tool_failure", "3, 8", "default") in rows
     assert result.stdout.startswith(stage.CHAIN_ORDER)
-    assert result.stdout.splitlines()[-3:] == [
-        f"config file:  {home / 'config.yaml'} (not there: defaults)",
-        f"managed file: none ({stage.MANAGED_ENV_VAR} unset)",
-        f"home:         {home}"]
+    if "hardened" in stage.__file__:           # it lists the files it read too
+        assert result.stdout.splitlines()[-3:] == [
+            f"config file:  {home / 'config.yaml'} (not there: defaults)",
+            f"managed file: none ({stage.MANAGED_ENV_VAR} unset)",
+            f"home:         {home}"]
+    else:
+        assert result.stdout.rstrip().endswith("┘")      # the table is the last thing
     assert not home.exists()                    # nothing was started, nothing written
 
 
@@ -874,9 +885,10 @@ def test_show_config_with_every_layer_set(stage, home, tmp_path):
     assert ("delegation.child_approvals", "deny", "managed:delegation.child_approvals") in rows
     assert ("model", "gpt-4o-mini", "default") in rows      # the profile has its own file
     profile = home / "profiles" / "p1"
-    assert result.stdout.splitlines()[-3:] == [
-        f"config file:  {profile / 'config.yaml'} (not there: defaults)",
-        f"managed file: {managed}", f"home:         {profile} (profile p1)"]
+    if "hardened" in stage.__file__:
+        assert result.stdout.splitlines()[-3:] == [
+            f"config file:  {profile / 'config.yaml'} (not there: defaults)",
+            f"managed file: {managed}", f"home:         {profile} (profile p1)"]
     (profile).mkdir(parents=True)
     (profile / "config.yaml").write_text("approvals:\n  deny: ['rm -rf *']\n"
                                          f"write_root: {tmp_path}\n")
@@ -1244,7 +1256,9 @@ def test_command_allowlist_is_merged_with_allowlist_json(stage, home, work):
     assert found["c2"]["error"].startswith("denied: no terminal to ask on")    # from neither
     assert marks(work) == ["rm -rf build", "chmod -R 777 build"]
     permissions = stage.permissions_from_config(chain(stage, home))
-    assert stage.allowlist_keys(permissions) == set(rm_keys) | set(chmod_keys)
+    merged = permissions.allowlist if hasattr(permissions, "allowlist") \
+        else stage.allowlist_keys(permissions)     # teaching: read once, at start-up
+    assert merged == set(rm_keys) | set(chmod_keys)
     (home / "config.yaml").unlink()
     _, server = agent_run(stage, turns)
     assert results(server)["c0"]["error"].startswith("denied: no terminal to ask on")
@@ -1296,7 +1310,11 @@ TARGETS = ["config.yaml", "--config", "--config in the home", "managed", "manage
 WRITE_REFUSED = "is a policy file of this agent: only the user changes it. Nothing was written."
 
 
-@pytest.mark.parametrize("target", TARGETS)
+# Another profile's policy files are protected by the hardened edition only
+# (profile_policy_file()); the teaching edition protects this run's chain.
+@pytest.mark.parametrize("target", [
+    pytest.param(target, marks=pytest.mark.hardening) if "another profile" in target
+    else target for target in TARGETS])
 def test_no_tool_changes_a_config_file(stage, home, work, tmp_path, target):
     argv, env, path = protected_target(target, home, tmp_path)
     existed = path.exists()
@@ -1378,6 +1396,16 @@ def test_a_sub_agent_cannot_change_a_config_file_either(stage, home, work, tmp_p
     assert path.read_text() == ORIGINAL and marks(work) == []
 
 
+def test_chain_files_are_policy_files(stage, home, tmp_path):
+    assert stage.chain_files() == []                        # no configuration loaded
+    team = tmp_path / "team.yaml"
+    team.write_text(ORIGINAL)
+    stage.CONFIG = chain(stage, home, "--config", str(team))
+    assert stage.chain_files() == [team]
+    assert stage.policy_file_written(f"echo x > {team}") == team
+
+
+@pytest.mark.hardening
 def test_chain_files_and_profile_policy_files(stage, home, tmp_path):
     assert stage.chain_files() == []                        # no configuration loaded
     profiles = home / "profiles"
@@ -1493,6 +1521,7 @@ def test_the_agents_home_variable_names_the_first_policy_file(stage, home, work)
     assert stage.policy_named("echo build", policies) is None
 
 
+@pytest.mark.hardening
 def test_an_allowlist_changed_behind_the_agents_back_is_named_once(stage, home, capsys):
     """s11's Permissions (the config chain's) keeps s09's warning: said once, then the
     file is not trusted for the rest of the run."""
