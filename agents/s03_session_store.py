@@ -589,6 +589,7 @@ TERMINAL_TIMEOUT = 60                   # seconds, default for one command
 MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
+TOOL_CHOICE_VAR = "HERMES_TOOL_CHOICE"  # "omit": send no tool_choice (see tool_fields())
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -610,7 +611,7 @@ def run_conversation(client, model: str, messages: list,
     strikes = 0                         # consecutive turns whose calls were all invalid
     for _ in range(max_iterations):
         response = client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
@@ -715,6 +716,27 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+def tool_fields(tools: list) -> dict:
+    """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
+    but llama-cpp-python's server leaves the tools out of the prompt without it. For a
+    server that refuses the field (vLLM without --enable-auto-tool-choice): omit."""
+    if not tools:
+        return {}
+    if os.environ.get(TOOL_CHOICE_VAR) == "omit":
+        return {"tools": tools}
+    return {"tools": tools, "tool_choice": "auto"}
+
+
+TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
+TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
+                   f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
+
+
+def refuses_tool_choice(exc: Exception) -> bool:
+    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
+    return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
     status = getattr(exc, "status_code", None)
@@ -731,6 +753,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
         return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
     if status in (500, 502, 503, 504):      # not 501: a static web server's answer to a POST
         return f"The endpoint {base_url} had a server error ({status}). Try again later."
+    if refuses_tool_choice(exc):
+        return f'The endpoint {base_url} refuses tool_choice "auto" (400): {TOOL_CHOICE_FIX}.'
     if status is not None:
         return f"The endpoint {base_url} answered HTTP {status}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"

@@ -644,6 +644,7 @@ API_ERROR_RETRYABLE = {
     "billing": False,                   # 402, or a 429 that says the credit is gone
     "model_not_found": False,           # 404
     "context_overflow": False,          # too long for the model: compress, don't resend
+    "tool_choice": False,               # 400: the server refuses tool_choice "auto" (vLLM)
     "bad_request": False,               # any other 4xx: the request itself is wrong
     "unknown": False,                   # we cannot tell: do not hammer the endpoint
 }
@@ -674,6 +675,8 @@ def classify_api_error(exc: Exception) -> ApiErrorClass:
         category = "timeout"
     elif isinstance(exc, openai.APIConnectionError):
         category = "connection"
+    elif refuses_tool_choice(exc):
+        category = "tool_choice"
     elif isinstance(exc, openai.APIStatusError):
         category = ERROR_CODES.get(str(exc.code)) or STATUS_CATEGORIES.get(
             status, "server" if status >= 500 else "bad_request")
@@ -727,7 +730,7 @@ def call_model(client, model: str, messages: list, tools: list,
     while True:
         try:
             return client.chat.completions.create(
-                model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+                model=model, messages=messages, **tool_fields(tools))
         except openai.OpenAIError as exc:
             error = classify_api_error(exc)
             if not error.retryable:
@@ -755,7 +758,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
     except openai.OpenAIError as exc:
         policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
         raise failure from exc
@@ -961,16 +964,18 @@ COMPRESSION_THRESHOLD = 0.50            # compress when the estimate is above th
 DEFAULT_CONTEXT_LENGTH = 128_000        # tokens; --context-length gives the model's real window
 CHARS_PER_TOKEN = 4                     # English text and code, on average
 MESSAGE_OVERHEAD_TOKENS = 4             # the role and separators of one message
+SUMMARY_MAX_TOKENS = 1_000              # a summary is notes, a page at most
 SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is background, "
                   "not new instructions: answer the latest user message.]")
 
 
-def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of the contents and tool calls divided by
-    CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to
-    tell "far from the limit" from "getting close"; the threshold of one half leaves room
-    for what it misses (Chinese: a token a character; the tool definitions)."""
-    characters = 0
+def estimate_tokens(messages: list, tools: list = ()) -> int:
+    """A rough token count of what a request sends: the characters of the contents, the
+    tool calls and the tool schemas divided by CHARS_PER_TOKEN, plus
+    MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to tell "far from the
+    limit" from "getting close"; the threshold of one half leaves room for what it
+    misses (Chinese and Japanese: about a token a character, four times this count)."""
+    characters = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
         if message.get("tool_calls"):
@@ -979,22 +984,23 @@ def estimate_tokens(messages: list) -> int:
 
 
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
-                     force: bool = False, on_event=None) -> dict | None:
+                     force: bool = False, on_event=None, tools: list = ()) -> dict | None:
     """Keep `messages` (in place) inside the context window: 1. prune old tool outputs
     (cheap), 2. if still above the threshold, summarise the middle (one model call; if
     it fails, a warning, and the turn goes on). Returns what it did, or None below the
     threshold. force=True (/compress) compresses whatever the estimate says."""
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
-    before = estimate_tokens(messages)
+    before = estimate_tokens(messages, tools)      # the tool schemas are sent too
     if before <= limit and not force:
         return None
     unsaved = unsaved_start(messages)       # the store has not saved these yet: keep them
     pruned = prune_tool_outputs(messages, min(len(messages) - KEEP_RECENT_MESSAGES, unsaved))
     summarised = 0
-    if force or estimate_tokens(messages) > limit:
+    if force or estimate_tokens(messages, tools) > limit:
         head = head_end(messages)
-        tail = tail_start(messages, head, 0 if force else int(limit * TAIL_SHARE))
+        room = max(0, limit - estimate_tokens([], tools))     # the messages' share of it
+        tail = tail_start(messages, head, 0 if force else int(room * TAIL_SHARE))
         # Any failure leaves the list as it is: an API error, an answer that is not JSON
         # (a ValueError), a summary no shorter than the middle (a ValueError too).
         try:
@@ -1003,7 +1009,7 @@ def compress_context(client, model: str, messages: list, context_length: int | N
             on_event("compression_failed", {"message": (
                 f"could not summarise the conversation ({first_line(exc)}); "
                 f"it goes on without a summary")})
-    report = {"before": before, "after": estimate_tokens(messages), "limit": limit,
+    report = {"before": before, "after": estimate_tokens(messages, tools), "limit": limit,
               "pruned": pruned, "summarised": summarised}
     if pruned or summarised:
         on_event("compressed", report)
@@ -1044,14 +1050,19 @@ def summarise_middle(client, model: str, messages: list, start: int, end: int) -
     return len(new)
 
 
-def call_auxiliary_model(client, model: str, messages: list) -> str:
+def call_auxiliary_model(client, model: str, messages: list,
+                         max_tokens: int = SUMMARY_MAX_TOKENS) -> str:
     """A side request with no tools, made outside the agent loop: it is no turn of the
-    conversation and does not count against --max-iterations. Returns the answer's
-    text; raises openai.OpenAIError on any failure, an empty answer included."""
-    response = client.chat.completions.create(model=model, messages=messages)
+    conversation and does not count against --max-iterations. Its answer is bounded:
+    without max_tokens a small local model may write until the window is full. Returns
+    the text; raises openai.OpenAIError on any failure, an empty or cut-off answer too."""
+    response = client.chat.completions.create(model=model, messages=messages,
+                                              max_tokens=max_tokens)
     text = safe_text(first_message(response).content or "").strip()
     if not text:
         raise openai.OpenAIError("the answer was empty")
+    if response.choices[0].finish_reason == "length":
+        raise openai.OpenAIError(f"the answer was cut off at max_tokens ({max_tokens})")
     return text
 
 # ── [s05] Compression details ───────────────────────────────────────────────
@@ -1968,6 +1979,7 @@ TERMINAL_TIMEOUT = 60                   # seconds, default for one command
 MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
+TOOL_CHOICE_VAR = "HERMES_TOOL_CHOICE"  # "omit": send no tool_choice (see tool_fields())
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -1995,7 +2007,8 @@ def run_conversation(client, model: str, messages: list,
     budget = IterationBudget(max_iterations)        # one of each per user turn
     guardrails = ToolCallGuardrails()
     while budget.consume():
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = call_model(client, model, messages, tools, recovery)
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
@@ -2107,6 +2120,27 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+def tool_fields(tools: list) -> dict:
+    """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
+    but llama-cpp-python's server leaves the tools out of the prompt without it. For a
+    server that refuses the field (vLLM without --enable-auto-tool-choice): omit."""
+    if not tools:
+        return {}
+    if os.environ.get(TOOL_CHOICE_VAR) == "omit":
+        return {"tools": tools}
+    return {"tools": tools, "tool_choice": "auto"}
+
+
+TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
+TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
+                   f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
+
+
+def refuses_tool_choice(exc: Exception) -> bool:
+    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
+    return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
     status = getattr(exc, "status_code", None)
@@ -2123,6 +2157,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
         return f"Rate limited by {base_url} (429). Wait a moment, or check your quota."
     if status in (500, 502, 503, 504):      # not 501: a static web server's answer to a POST
         return f"The endpoint {base_url} had a server error ({status}). Try again later."
+    if refuses_tool_choice(exc):
+        return f'The endpoint {base_url} refuses tool_choice "auto" (400): {TOOL_CHOICE_FIX}.'
     if status is not None:
         return f"The endpoint {base_url} answered HTTP {status}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
@@ -2664,7 +2700,13 @@ def compress_command(session: Session, argument: str) -> None:
 
 
 COMMANDS["/compress"] = compress_command
-DEMO_CONTEXT_LENGTH = 1_000             # tokens: small enough to compress after a few turns
+DEMO_CONTEXT_LENGTH = 1_000             # tokens for the messages: compression after a few turns
+
+
+def demo_context_length(tools: list) -> int:
+    """DEMO_CONTEXT_LENGTH for the messages, and twice what the tool schemas take: they go
+    with every request, so the threshold (one half) must leave room for them too."""
+    return DEMO_CONTEXT_LENGTH + 2 * estimate_tokens([], tools)
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
 

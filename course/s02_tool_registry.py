@@ -787,7 +787,7 @@ def run_conversation(client, model: str, messages: list,
     strikes = 0                         # consecutive turns whose calls were all invalid
     for _ in range(max_iterations):
         response = client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:

@@ -96,17 +96,19 @@ COMPRESSION_THRESHOLD = 0.50            # compress when the estimate is above th
 DEFAULT_CONTEXT_LENGTH = 128_000        # tokens; --context-length gives the model's real window
 CHARS_PER_TOKEN = 4                     # English text and code, on average
 MESSAGE_OVERHEAD_TOKENS = 4             # the role and separators of one message
+SUMMARY_MAX_TOKENS = 1_000              # a summary is notes, a page at most
 SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is background, "
                   "not new instructions: answer the latest user message.]")
 
 
 #: teaching
-def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of the contents and tool calls divided by
-    CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to
-    tell "far from the limit" from "getting close"; the threshold of one half leaves room
-    for what it misses (Chinese: a token a character; the tool definitions)."""
-    characters = 0
+def estimate_tokens(messages: list, tools: list = ()) -> int:
+    """A rough token count of what a request sends: the characters of the contents, the
+    tool calls and the tool schemas divided by CHARS_PER_TOKEN, plus
+    MESSAGE_OVERHEAD_TOKENS a message. No tokenizer: it only has to tell "far from the
+    limit" from "getting close"; the threshold of one half leaves room for what it
+    misses (Chinese and Japanese: about a token a character, four times this count)."""
+    characters = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
         if message.get("tool_calls"):
@@ -115,17 +117,17 @@ def estimate_tokens(messages: list) -> int:
 
 
 #: hardened
-def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of every message's content and tool calls
-    (as their JSON text: id, name, arguments), divided by CHARS_PER_TOKEN, plus
-    MESSAGE_OVERHEAD_TOKENS for each message.
+def estimate_tokens(messages: list, tools: list = ()) -> int:
+    """A rough token count of what a request sends: the characters of every message's
+    content and tool calls (as their JSON text: id, name, arguments) and of the tool
+    schemas offered with it, divided by CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS
+    for each message.
 
     No tokenizer: this works for every model, costs nothing and only has to tell "far
     from the limit" from "getting close". It is too low for Chinese or Japanese (about
-    one token per character, not four) and leaves out the tool definitions that go with
-    every request: the threshold of one half leaves room for both.
+    one token per character, not four): the threshold of one half leaves room for that.
     """
-    characters = 0
+    characters = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
         if message.get("tool_calls"):
@@ -135,22 +137,23 @@ def estimate_tokens(messages: list) -> int:
 
 #: teaching
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
-                     force: bool = False, on_event=None) -> dict | None:
+                     force: bool = False, on_event=None, tools: list = ()) -> dict | None:
     """Keep `messages` (in place) inside the context window: 1. prune old tool outputs
     (cheap), 2. if still above the threshold, summarise the middle (one model call; if
     it fails, a warning, and the turn goes on). Returns what it did, or None below the
     threshold. force=True (/compress) compresses whatever the estimate says."""
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
-    before = estimate_tokens(messages)
+    before = estimate_tokens(messages, tools)      # the tool schemas are sent too
     if before <= limit and not force:
         return None
     unsaved = unsaved_start(messages)       # the store has not saved these yet: keep them
     pruned = prune_tool_outputs(messages, min(len(messages) - KEEP_RECENT_MESSAGES, unsaved))
     summarised = 0
-    if force or estimate_tokens(messages) > limit:
+    if force or estimate_tokens(messages, tools) > limit:
         head = head_end(messages)
-        tail = tail_start(messages, head, 0 if force else int(limit * TAIL_SHARE))
+        room = max(0, limit - estimate_tokens([], tools))     # the messages' share of it
+        tail = tail_start(messages, head, 0 if force else int(room * TAIL_SHARE))
         # Any failure leaves the list as it is: an API error, an answer that is not JSON
         # (a ValueError), a summary no shorter than the middle (a ValueError too).
         try:
@@ -159,7 +162,7 @@ def compress_context(client, model: str, messages: list, context_length: int | N
             on_event("compression_failed", {"message": (
                 f"could not summarise the conversation ({first_line(exc)}); "
                 f"it goes on without a summary")})
-    report = {"before": before, "after": estimate_tokens(messages), "limit": limit,
+    report = {"before": before, "after": estimate_tokens(messages, tools), "limit": limit,
               "pruned": pruned, "summarised": summarised}
     if pruned or summarised:
         on_event("compressed", report)
@@ -168,7 +171,7 @@ def compress_context(client, model: str, messages: list, context_length: int | N
 
 #: hardened
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
-                     force: bool = False, on_event=None) -> dict | None:
+                     force: bool = False, on_event=None, tools: list = ()) -> dict | None:
     """Keep `messages` inside the context window; the loop calls this before every
     model call. Works in place. Returns what it did, or None when the estimate was
     not above the threshold. force=True (/compress) compresses whatever the estimate
@@ -181,15 +184,16 @@ def compress_context(client, model: str, messages: list, context_length: int | N
     """
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
-    before = estimate_tokens(messages)
+    before = estimate_tokens(messages, tools)      # the tool schemas are sent too
     if before <= limit and not force:
         return None
     unsaved = unsaved_start(messages)       # the store has not saved these yet: keep them
     pruned = prune_tool_outputs(messages, min(len(messages) - KEEP_RECENT_MESSAGES, unsaved))
     summarised = 0
-    if force or estimate_tokens(messages) > limit:
+    if force or estimate_tokens(messages, tools) > limit:
         head = head_end(messages)
-        tail = tail_start(messages, head, 0 if force else int(limit * TAIL_SHARE))
+        room = max(0, limit - estimate_tokens([], tools))     # the messages' share of it
+        tail = tail_start(messages, head, 0 if force else int(room * TAIL_SHARE))
         # Any failure leaves the list as it is: an API error, an answer that is not JSON
         # (a ValueError), a summary no shorter than the middle (a ValueError too).
         try:
@@ -198,7 +202,7 @@ def compress_context(client, model: str, messages: list, context_length: int | N
             on_event("compression_failed", {"message": (
                 f"could not summarise the conversation ({first_line(exc)}); "
                 f"it goes on without a summary")})
-    report = {"before": before, "after": estimate_tokens(messages), "limit": limit,
+    report = {"before": before, "after": estimate_tokens(messages, tools), "limit": limit,
               "pruned": pruned, "summarised": summarised}
     if pruned or summarised:
         on_event("compressed", report)
@@ -261,14 +265,19 @@ def summarise_middle(client, model: str, messages: list, start: int, end: int) -
     return len(new)
 
 
-def call_auxiliary_model(client, model: str, messages: list) -> str:
+def call_auxiliary_model(client, model: str, messages: list,
+                         max_tokens: int = SUMMARY_MAX_TOKENS) -> str:
     """A side request with no tools, made outside the agent loop: it is no turn of the
-    conversation and does not count against --max-iterations. Returns the answer's
-    text; raises openai.OpenAIError on any failure, an empty answer included."""
-    response = client.chat.completions.create(model=model, messages=messages)
+    conversation and does not count against --max-iterations. Its answer is bounded:
+    without max_tokens a small local model may write until the window is full. Returns
+    the text; raises openai.OpenAIError on any failure, an empty or cut-off answer too."""
+    response = client.chat.completions.create(model=model, messages=messages,
+                                              max_tokens=max_tokens)
     text = safe_text(first_message(response).content or "").strip()
     if not text:
         raise openai.OpenAIError("the answer was empty")
+    if response.choices[0].finish_reason == "length":
+        raise openai.OpenAIError(f"the answer was cut off at max_tokens ({max_tokens})")
     return text
 
 #: section Compression details
@@ -473,7 +482,13 @@ def compress_command(session: Session, argument: str) -> None:
 
 
 COMMANDS["/compress"] = compress_command
-DEMO_CONTEXT_LENGTH = 1_000             # tokens: small enough to compress after a few turns
+DEMO_CONTEXT_LENGTH = 1_000             # tokens for the messages: compression after a few turns
+
+
+def demo_context_length(tools: list) -> int:
+    """DEMO_CONTEXT_LENGTH for the messages, and twice what the tool schemas take: they go
+    with every request, so the threshold (one half) must leave room for them too."""
+    return DEMO_CONTEXT_LENGTH + 2 * estimate_tokens([], tools)
 
 #: more for Offline model (not part of the lesson)
 
@@ -525,7 +540,8 @@ def run_conversation(client, model: str, messages: list,
     offered = {tool["function"]["name"]: tool for tool in tools}
     strikes = 0                         # consecutive turns whose calls were all invalid
     for _ in range(max_iterations):
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = client.chat.completions.create(
             model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
         message = first_message(response)
@@ -561,9 +577,10 @@ def run_conversation(client, model: str, messages: list,
     offered = {tool["function"]["name"]: tool for tool in tools}
     strikes = 0                         # consecutive turns whose calls were all invalid
     for _ in range(max_iterations):
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
         if not message.tool_calls:
@@ -752,15 +769,17 @@ DEMO_INPUTS = ["$ seq -s ' ' 1 100", "$ seq -s ' ' 101 200", "$ seq -s ' ' 201 3
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    console.print(Text(f"A context length of {DEMO_CONTEXT_LENGTH} tokens: compression starts "
-                       f"above {int(DEMO_CONTEXT_LENGTH * COMPRESSION_THRESHOLD)}.", style="dim"))
+    length = demo_context_length(session.tools)
+    console.print(Text(f"A context length of {length:,} tokens ({DEMO_CONTEXT_LENGTH:,} for the "
+                       f"messages, the rest for the tool schemas): compression starts above "
+                       f"{int(length * COMPRESSION_THRESHOLD):,}.", style="dim"))
     start = current_directory()             # None if it was deleted: then there is no way back
     with tempfile.TemporaryDirectory(prefix="s05-demo-") as folder:
         os.chdir(folder)                    # no context files: a short system prompt
         store = SessionStore(Path(folder) / STATE_DB_NAME)
         try:
             current = Session(session.client, session.model, session.base_url,
-                              session.max_iterations, session.tools, store, DEMO_CONTEXT_LENGTH)
+                              session.max_iterations, session.tools, store, length)
             for line in DEMO_INPUTS:
                 console.print(Text(f"\n{STAGE}> {line}", style="bold"))
                 if not run_turn(current, line):
@@ -779,15 +798,17 @@ def run_demo(session: Session) -> int:
 #: hardened
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    console.print(Text(f"A context length of {DEMO_CONTEXT_LENGTH} tokens: compression starts "
-                       f"above {int(DEMO_CONTEXT_LENGTH * COMPRESSION_THRESHOLD)}.", style="dim"))
+    length = demo_context_length(session.tools)
+    console.print(Text(f"A context length of {length:,} tokens ({DEMO_CONTEXT_LENGTH:,} for the "
+                       f"messages, the rest for the tool schemas): compression starts above "
+                       f"{int(length * COMPRESSION_THRESHOLD):,}.", style="dim"))
     start = current_directory()             # None if it was deleted: then there is no way back
     with tempfile.TemporaryDirectory(prefix="s05-demo-") as folder:
         os.chdir(folder)                    # no context files: a short system prompt
         store = SessionStore(Path(folder) / STATE_DB_NAME)
         try:
             current = Session(session.client, session.model, session.base_url,
-                              session.max_iterations, session.tools, store, DEMO_CONTEXT_LENGTH)
+                              session.max_iterations, session.tools, store, length)
             for line in DEMO_INPUTS:
                 console.print(Text(f"\n{STAGE}> {line}", style="bold"))
                 if not run_turn(current, line):

@@ -117,6 +117,7 @@ API_ERROR_RETRYABLE = {
     "billing": False,                   # 402, or a 429 that says the credit is gone
     "model_not_found": False,           # 404
     "context_overflow": False,          # too long for the model: compress, don't resend
+    "tool_choice": False,               # 400: the server refuses tool_choice "auto" (vLLM)
     "bad_request": False,               # any other 4xx: the request itself is wrong
     "unknown": False,                   # we cannot tell: do not hammer the endpoint
 }
@@ -149,6 +150,8 @@ def classify_api_error(exc: Exception) -> ApiErrorClass:
         category = "timeout"
     elif isinstance(exc, openai.APIConnectionError):
         category = "connection"
+    elif refuses_tool_choice(exc):
+        category = "tool_choice"
     elif isinstance(exc, openai.APIStatusError):
         category = ERROR_CODES.get(str(exc.code)) or STATUS_CATEGORIES.get(
             status, "server" if status >= 500 else "bad_request")
@@ -222,7 +225,7 @@ def call_model(client, model: str, messages: list, tools: list,
     while True:
         try:
             return client.chat.completions.create(
-                model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+                model=model, messages=messages, **tool_fields(tools))
         except openai.OpenAIError as exc:
             error = classify_api_error(exc)
             if not error.retryable:
@@ -251,7 +254,7 @@ def call_model(client, model: str, messages: list, tools: list,
     while True:
         try:
             return client.chat.completions.create(
-                model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+                model=model, messages=messages, **tool_fields(tools))
         except openai.OpenAIError as exc:
             error = classify_api_error(exc)
             if error.category == "context_overflow" and not compressed:
@@ -286,7 +289,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
     except openai.OpenAIError as exc:
         policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
         raise failure from exc
@@ -306,7 +309,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
     except openai.OpenAIError as exc:
         policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
         raise failure from exc
@@ -609,6 +612,8 @@ _BILLING = re.compile(r"insufficient_quota|exceeded your current quota|insuffici
 def status_category(status: int, text: str) -> str:
     """The category of an HTTP error: the status, refined by the error's words
     where one status means two things."""
+    if status == 400 and TOOL_CHOICE_REFUSED.search(text):
+        return "tool_choice"
     if status == 413 or (status == 400 and _CONTEXT_OVERFLOW.search(text)):
         return "context_overflow"
     if status == 402 or (status in (400, 403, 429) and _BILLING.search(text)):
@@ -1028,7 +1033,8 @@ def run_conversation(client, model: str, messages: list,
     budget = IterationBudget(max_iterations)        # one of each per user turn
     guardrails = ToolCallGuardrails()
     while budget.consume():
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = call_model(client, model, messages, tools, recovery)
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))

@@ -1131,7 +1131,8 @@ def run_conversation(client, model: str, messages: list,
         budget = IterationBudget(max_iterations)    # one of each per user turn
     guardrails = ToolCallGuardrails()
     while budget.consume():
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = call_model(client, model, messages, tools, recovery)
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))

@@ -151,6 +151,9 @@ def build_settings() -> tuple:
         S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
           "model)", "OPENAI_BASE_URL", "--base-url"),
         S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
+        S("tool_choice", "choice", "auto", 'auto: send tool_choice "auto" with the tools; '
+          "omit: leave it out (a server that refuses it)", TOOL_CHOICE_VAR,
+          "--tool-choice", choices=("auto", "omit")),
         S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
           "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
         S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
@@ -1137,6 +1140,18 @@ SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
 
 
 #: changes
+
+def tool_fields(tools: list) -> dict:
+    """s01's tool_fields(), with the choice from the chain (tool_choice: auto | omit; a
+    test that builds no chain reads HERMES_TOOL_CHOICE, as s01 does)."""
+    choice = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
+    if not tools:
+        return {}
+    return {"tools": tools} if choice == "omit" else {"tools": tools, "tool_choice": "auto"}
+
+
+TOOL_CHOICE_FIX = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
+                   f"or send none: tool_choice: omit in config.yaml, or {TOOL_CHOICE_VAR}=omit")
 
 
 #: hardened

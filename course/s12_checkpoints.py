@@ -187,6 +187,7 @@ class CheckpointManager:
         self.left_out: list[str] = []   # nested repositories and large files, last looked
         self.lock = threading.Lock()    # s10's sub-agents share the manager
         self.turn_taken = False         # this user turn has had its checkpoint
+        self.told_none = False          # "no checkpoints here" was said in this run
         self.warned = False             # a failed checkpoint is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
@@ -272,9 +273,13 @@ class CheckpointManager:
         """The first change of a user turn: a checkpoint first. Later ones: nothing.
         The lock makes a sub-agent's change wait until the checkpoint is complete."""
         with self.lock:
-            if self.turn_taken or never_checkpointed(self.project, self.home):
-                return                  # the second: a rule, not a failure (/rollback says)
+            if self.turn_taken:
+                return
             self.turn_taken = True
+            why_not = never_checkpointed(self.project, self.home)
+            if why_not:                 # a rule, not a failure: said at the first change
+                say_no_checkpoints_once(self, why_not)
+                return
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
@@ -313,6 +318,7 @@ class CheckpointManager:
         self.left_out: list[str] = []   # nested repositories and large files, last looked
         self.lock = threading.Lock()    # s10's sub-agents share the manager
         self.turn_taken = False         # this user turn has had its checkpoint
+        self.told_none = False          # "no checkpoints here" was said in this run
         self.warned: set = set()        # each warning is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
@@ -428,9 +434,13 @@ class CheckpointManager:
         """The first change of a user turn: a checkpoint first. Later ones: nothing.
         The lock makes a sub-agent's change wait until the checkpoint is complete."""
         with self.lock:
-            if self.turn_taken or never_checkpointed(self.project, self.home):
-                return                  # the second: a rule, not a failure (/rollback says)
+            if self.turn_taken:
+                return
             self.turn_taken = True
+            why_not = never_checkpointed(self.project, self.home)
+            if why_not:                 # a rule, not a failure: said at the first change
+                say_no_checkpoints_once(self, why_not)
+                return
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
@@ -606,6 +616,20 @@ def project_root(folder: Path) -> Path:
         if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
             return candidate
     return folder
+
+
+def say_no_checkpoints_once(manager: CheckpointManager, why_not: str) -> None:
+    """The first change of a run where no checkpoint can be taken says so, once: a
+    scratch folder is exactly where a learner tries a real model."""
+    if manager.told_none:
+        return
+    manager.told_none = True
+    if "not in a project" in why_not:
+        how = (f"`git init` there (or any project marker) turns them on; they are kept "
+               f"outside the project, in {manager.store}")
+    else:
+        how = "start the agent in a project folder to have them"
+    console.print(Text(f"  [no checkpoint: {why_not}. {how}]", style="dim"))
 
 
 #: teaching
@@ -1227,13 +1251,27 @@ def show_checkpoints(manager: CheckpointManager) -> None:
                            f"a turn takes one", style="dim"))
         return
     console.print(Text(f"checkpoints of {manager.project}, newest first (files and lines: "
-                       f"what changed since the one before):", style="bold"))
-    for c in checkpoints:
+                       f"what restoring it would undo, the changes made after it):",
+                       style="bold"))
+    # A checkpoint records what changed before it; its row shows what changed after it,
+    # as its label does ("before terminal: …"): the next one's record, or up to now.
+    undone = [changes_since(manager, checkpoints[0]),
+              *((c.files, c.added, c.removed) for c in checkpoints[:-1])]
+    for c, (files, added, removed) in zip(checkpoints, undone):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.files} file(s), "
-                           f"+{c.added} -{c.removed}  {c.reason}"))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {files} file(s), "
+                           f"+{added} -{removed}  {c.reason}"))
     console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
                        "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
+
+
+#: hardened
+def changes_since(manager: CheckpointManager, checkpoint: Checkpoint) -> tuple[int, int, int]:
+    """Files, lines added and lines removed from `checkpoint` to the project now."""
+    open_checkpoint_store(manager)
+    stage_tree(manager)
+    return numstat_totals(manager.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+                                      checkpoint.id, "--", ".", *excluded(manager.left_out)))
 
 
 #: hardened
@@ -1476,6 +1514,9 @@ def build_settings() -> tuple:
         S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
           "model)", "OPENAI_BASE_URL", "--base-url"),
         S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
+        S("tool_choice", "choice", "auto", 'auto: send tool_choice "auto" with the tools; '
+          "omit: leave it out (a server that refuses it)", TOOL_CHOICE_VAR,
+          "--tool-choice", choices=("auto", "omit")),
         S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
           "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
         S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",

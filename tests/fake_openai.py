@@ -22,6 +22,15 @@ order; `responder` then answers each one by what it contains instead of the scri
 
     FakeOpenAI(responder=lambda request: reply("hi"))   # request: the JSON body
 
+Three modes behave like local model servers (issue 24), each off by default:
+
+    FakeOpenAI(turns, tools_need_choice=True)   # llama-cpp-python: without tool_choice the
+                                                # model never sees the tools (calls dropped)
+    FakeOpenAI(turns, refuses_auto=True)        # vLLM without --enable-auto-tool-choice:
+                                                # "auto" is an HTTP 400
+    FakeOpenAI(turns, window=2000)              # a small context window: past it, a 400
+                                                # context_length_exceeded (request_tokens())
+
 Run it standalone to serve a JSON script:  python tests/fake_openai.py script.json 8765
 """
 
@@ -75,6 +84,37 @@ def no_answer() -> dict:
     return {"hang": True}
 
 
+VLLM_AUTO_REFUSAL = ('"auto" tool choice requires --enable-auto-tool-choice and '
+                     '--tool-call-parser to be set')
+CHARS_PER_TOKEN = 4
+
+
+def request_tokens(body: dict) -> int:
+    """The fake server's token count of a request: every character of its JSON body
+    (system prompt, messages, tool calls, tool schemas) over CHARS_PER_TOKEN."""
+    return -(-len(json.dumps(body, ensure_ascii=False)) // CHARS_PER_TOKEN)
+
+
+def server_quirk(fake: "FakeOpenAI", body: dict) -> dict | None:
+    """The answer a local server's quirk gives instead of the script, if any."""
+    if fake.refuses_auto and body.get("tool_choice") == "auto":
+        return {"raw_error": (400, {"object": "error", "message": VLLM_AUTO_REFUSAL,
+                                    "type": "BadRequestError", "param": None, "code": 400})}
+    tokens = request_tokens(body)
+    if fake.window is not None and tokens > fake.window:
+        return http_error(400, f"This model's maximum context length is {fake.window} tokens. "
+                               f"However, your messages resulted in {tokens} tokens.",
+                          code="context_length_exceeded")
+    return None
+
+
+def without_tools(turn: dict) -> dict:
+    """What a server answers when it rendered the prompt without the tools: text only."""
+    if "status" in turn or not turn.get("tool_calls"):
+        return turn
+    return {"content": turn.get("content") or "I have no tools to run that.", "tool_calls": []}
+
+
 def completion(turn: dict, model: str, number: int) -> dict:
     message = {"role": "assistant", "content": turn.get("content")}
     calls = turn.get("tool_calls") or []
@@ -126,6 +166,10 @@ class _Handler(BaseHTTPRequestHandler):
                 turn = fake.responder(body)
             except Exception as exc:            # a broken test shows as an HTTP 500
                 turn = {"status": 500, "message": f"fake server: responder failed: {exc!r}"}
+        turn = server_quirk(fake, body) or turn
+        if turn is not None and fake.tools_need_choice and body.get("tools") \
+                and "tool_choice" not in body:
+            turn = without_tools(turn)
         if turn is None:
             self._send(500, {"error": {"message": "fake server: script exhausted"}})
         elif turn.get("drop"):
@@ -135,6 +179,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif "body" in turn:
             self._send_raw(turn["body"], turn.get("content_type", "application/json"))
+        elif "raw_error" in turn:
+            self._send(*turn["raw_error"])
         elif "status" in turn:
             self._send(turn["status"], {"error": {"message": turn["message"], "type": "scripted",
                                                   "code": turn.get("code")}}, turn.get("headers"))
@@ -145,8 +191,13 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeOpenAI:
     """Context manager: a scripted Chat Completions server on 127.0.0.1:<port>."""
 
-    def __init__(self, turns=(), port: int = 0, responder=None):
+    def __init__(self, turns=(), port: int = 0, responder=None, *,
+                 tools_need_choice: bool = False, refuses_auto: bool = False,
+                 window: int | None = None):
         self.turns = list(turns)
+        self.tools_need_choice = tools_need_choice
+        self.refuses_auto = refuses_auto
+        self.window = window                   # context window in request_tokens()
         self.responder = responder             # request body -> turn; replaces the script
         self.requests: list[dict] = []
         self.headers: list[dict] = []

@@ -548,7 +548,8 @@ def test_the_auxiliary_call_sends_no_tools_and_returns_the_text(stage):
     with FakeOpenAI([reply("  a title \n")]) as server:
         text = stage.call_auxiliary_model(client_for(stage, server), "aux", [user("hi")])
     assert text == "a title"
-    assert server.requests == [{"model": "aux", "messages": [user("hi")]}]
+    assert server.requests == [{"model": "aux", "messages": [user("hi")],
+                                "max_tokens": stage.SUMMARY_MAX_TOKENS}]
 
 
 @pytest.mark.parametrize("turn", [reply(""), reply("  \n "), http_error(500),
@@ -601,12 +602,12 @@ def test_the_summary_does_not_count_against_the_iteration_limit(stage):
 def test_the_loop_compresses_before_every_model_call(stage):
     """The first call of a turn fits; a big tool result makes the second one compress."""
     messages = conversation(6, answer_chars=100) + [user("latest")]
-    context_length = 2 * stage.estimate_tokens(messages) + 100
+    tools = stage.REGISTRY.get_definitions(["terminal"])
+    context_length = 2 * stage.estimate_tokens(messages, tools) + 100    # schemas count
     turns = [reply("", call("terminal", {"command": "printf '%0500d' 0"}, "big")),
              reply("summary"), reply("done")]
     with FakeOpenAI(turns) as server:
-        stage.run_conversation(client_for(stage, server), "m", messages,
-                               tools=stage.REGISTRY.get_definitions(["terminal"]),
+        stage.run_conversation(client_for(stage, server), "m", messages, tools=tools,
                                context_length=context_length)
     first, summary_request, last = server.requests
     assert not summaries(stage, first["messages"])
@@ -729,12 +730,14 @@ def test_context_length_reaches_the_session(stage):
 
 def test_the_repl_shows_compression_as_it_happens(stage, tmp_path):
     lines = ["$ seq -s ' ' 1 100", "$ seq -s ' ' 101 200", "$ seq -s ' ' 201 300"]
-    run = run_main(stage_name(stage), "--context-length", "1000", cwd=tmp_path,
-                   stdin="\n".join(lines) + "\n")
+    schemas = stage.estimate_tokens([], started_session(stage).tools)    # sent every time
+    run = run_main(stage_name(stage), "--context-length", str(1000 + 2 * schemas),
+                   cwd=tmp_path, stdin="\n".join(lines) + "\n")
     assert run.returncode == 0, run.stderr
     third = repl_output(run.stdout, f"{stage.STAGE}> ", lines[2])
     assert "pruned 1 tool output(s), summarised 0 message(s)]" in third
-    assert "(threshold 500): pruned 0 tool output(s), summarised 5 message(s)]" in third
+    assert f"(threshold {500 + schemas:,}): pruned 0 tool output(s), summarised 5 message(s)]" \
+        in third
     assert "[context" not in run.stdout.split(lines[2])[0]
 
 
@@ -808,7 +811,10 @@ def test_the_demo_prunes_then_summarises_then_updates_the_summary(stage_name, tm
     run = run_main(stage_name, "--demo", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    assert "A context length of 1000 tokens: compression starts above 500." in out
+    schemas = load_stage(stage_name).estimate_tokens([], load_stage(stage_name).REGISTRY
+                                                      .get_definitions())
+    assert (f"A context length of {1000 + 2 * schemas:,} tokens (1,000 for the messages, the "
+            f"rest for the tool schemas): compression starts above {500 + schemas:,}.") in out
     pruned = out.index("pruned 1 tool output(s), summarised 0 message(s)]")
     summarised = out.index("pruned 0 tool output(s), summarised 5 message(s)]")
     first, updated = out.split("One summary replaced the middle:")[1:]

@@ -163,7 +163,7 @@ def test_the_categories_and_what_is_retried(stage):
         "rate_limit", "server", "timeout", "connection"}
     assert set(stage.API_ERROR_RETRYABLE) == {
         "rate_limit", "server", "timeout", "connection", "auth", "billing",
-        "model_not_found", "context_overflow", "bad_request", "unknown"}
+        "model_not_found", "context_overflow", "tool_choice", "bad_request", "unknown"}
 
 
 # ── Retry-After and the backoff ──────────────────────────────────────────

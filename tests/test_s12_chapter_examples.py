@@ -395,13 +395,15 @@ def test_write_file_and_patch_into_the_store_are_refused(stage, tmp_path):
     ref, exclude = store / "refs" / "checkpoints" / "0000000001", store / "info" / "exclude"
     before = folder_bytes(store)
     patch = json.dumps({"path": str(exclude), "old_string": "node_modules/", "new_string": "*"})
-    lines = [f"write {ref} {'0' * 40}", f"call patch {patch}", "/rollback"]
+    lines = [f"write {ref} {'0' * 40}", f"call patch {patch}"]
     run = repl(stage, tmp_path, project, lines)
-    for line in lines[:2]:
+    for line in lines:
         said = repl_output(run.stdout, PROMPT, line)
         assert "write refused" in said and "is in the checkpoint stores" in said, (line, said)
-    assert "1  " in repl_output(run.stdout, PROMPT, "/rollback")
     assert folder_bytes(store) == before
+    # Checked after: the list stages the project to count what the newest would undo.
+    listed = repl(stage, tmp_path, project, ["/rollback"])
+    assert "1  " in repl_output(listed.stdout, PROMPT, "/rollback")
     assert "**The store itself.**" in chapter() and "`write_file` and `patch` refuse" in chapter()
 
 

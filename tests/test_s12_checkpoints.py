@@ -773,6 +773,40 @@ def test_the_project_is_the_nearest_folder_with_a_marker(stage, tmp_path, state)
     assert not stage.CheckpointManager(plain, state).store.exists()
 
 
+def test_outside_a_project_the_first_change_says_so_once(stage, tmp_path, state):
+    """Issue 23, item 3: a scratch folder gets no checkpoints; the first change of the
+    run says where they would go and how to turn them on, and nothing more after it."""
+    plain = tmp_path / "scratch"
+    plain.mkdir()
+    lines = ["$ echo looked", "write a.txt one", "write b.txt two"]
+    result = run_main(stage, stdin="\n".join(lines) + "\n", env=agent_env(state), cwd=plain)
+    notes = [line for line in result.stdout.splitlines() if "[no checkpoint:" in line]
+    store = stage.CheckpointManager(plain, state).store
+    assert len(notes) == 1 and "`git init`" in notes[0] and str(store) in notes[0]
+    # The teaching edition checkpoints before any command; the hardened one knows that
+    # `echo` changes nothing, so its first change is the write.
+    first_change = 1 if edition_of(stage.__stage__) == "hardened" else 0
+    assert notes[0] in repl_output(result.stdout, "s12> ", lines[first_change])
+    assert "warning" not in result.stderr
+
+
+@pytest.mark.hardening
+def test_each_row_counts_what_restoring_it_would_undo(stage, project, state):
+    """Issue 23, item 4: a row's numbers and its label ("before …") describe one step:
+    the changes made after that checkpoint, which restoring it would undo."""
+    m = manager(stage, project, state)
+    m.snapshot("before step one")
+    (project / "new.txt").write_text("one\ntwo\n")                   # step one: 1 file, +2
+    m.snapshot("before step two")
+    (project / "README.md").write_text("")                            # step two: 2 files,
+    (project / "my notes.txt").unlink()                               # -2 lines
+    result = run_main(stage, "-p", "/rollback", env=agent_env(state), cwd=project)
+    rows = [line for line in result.stdout.splitlines() if "  before step" in line]
+    assert "what restoring it would undo" in result.stdout
+    assert rows[0].endswith("2 file(s), +0 -2  before step two"), rows
+    assert rows[1].endswith("1 file(s), +2 -0  before step one"), rows
+
+
 @pytest.mark.hardening
 def test_a_state_folder_inside_the_project_is_left_out(stage, project):
     state = project / "state dir [1]"

@@ -65,9 +65,10 @@ DEMO_PROMISES = {
         "same prompt as before: True",
     ],
     "s05_context_compression": [
-        "A context length of 1000 tokens: compression starts above 500.",
-        "(threshold 500): pruned 1 tool output(s), summarised 0 message(s)]",
-        "(threshold 500): pruned 0 tool output(s), summarised 5 message(s)]",
+        "A context length of 1,872 tokens (1,000 for the messages, the rest for the tool "
+        "schemas): compression starts above 936.",
+        "(threshold 936): pruned 1 tool output(s), summarised 0 message(s)]",
+        "(threshold 936): pruned 0 tool output(s), summarised 5 message(s)]",
         "One summary replaced the middle:\n- The user asked: $ seq -s ' ' 101 200",
         "- The user asked: $ seq -s ' ' 201 300\n- Called terminal",
         "the session store holds all 21, the full record",
@@ -162,9 +163,10 @@ DEMO_PROMISES = {
         ": before terminal: truncate -s 0 notes.txt && mv app.py app.old && echo oops > "
         "scratch.txt]\n  ← exit 0",
         "the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env unchanged: True",
-        "newest first (files and lines: what changed since the one before):",
-        "  1 file(s), +1 -0  before terminal: truncate -s 0 notes.txt",
-        "  3 file(s), +5 -0  before write_file todo.txt",
+        "newest first (files and lines: what restoring it would undo, the changes made "
+        "after it):",
+        "  4 file(s), +2 -3  before terminal: truncate -s 0 notes.txt",
+        "  1 file(s), +1 -0  before write_file todo.txt",
         "  before terminal: truncate -s 0 notes.txt",      # the list, in both editions
         "  before write_file todo.txt",
         "-Every change can be taken back.\n-So the agent may act.",
@@ -216,9 +218,10 @@ HARDENED_DEMO_PROMISES = {
     ],
     "s12_checkpoints": [        # the teaching demo reads notes.txt, and lists no counts
         "the folder: notes.txt has 0 line(s); present: app.old, scratch.txt; .env unchanged: True",
-        "newest first (files and lines: what changed since the one before):",
-        "  1 file(s), +1 -0  before terminal: truncate -s 0 notes.txt",
-        "  3 file(s), +5 -0  before write_file todo.txt",
+        "newest first (files and lines: what restoring it would undo, the changes made "
+        "after it):",
+        "  4 file(s), +2 -3  before terminal: truncate -s 0 notes.txt",
+        "  1 file(s), +1 -0  before write_file todo.txt",
         "the folder: notes.txt has 2 line(s); present: app.py; .env unchanged: True",
         "4 checkpoint(s) of ",
         "Only you can roll back (I have no tool for it)",

@@ -88,6 +88,7 @@ API_ERROR_RETRYABLE = {
     "billing": False,                   # 402, or a 429 that says the credit is gone
     "model_not_found": False,           # 404
     "context_overflow": False,          # too long for the model: compress, don't resend
+    "tool_choice": False,               # 400: the server refuses tool_choice "auto" (vLLM)
     "bad_request": False,               # any other 4xx: the request itself is wrong
     "unknown": False,                   # we cannot tell: do not hammer the endpoint
 }
@@ -161,7 +162,7 @@ def call_model(client, model: str, messages: list, tools: list,
     while True:
         try:
             return client.chat.completions.create(
-                model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+                model=model, messages=messages, **tool_fields(tools))
         except openai.OpenAIError as exc:
             error = classify_api_error(exc)
             if error.category == "context_overflow" and not compressed:
@@ -197,7 +198,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
     except openai.OpenAIError as exc:
         policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
         raise failure from exc
@@ -416,6 +417,8 @@ _BILLING = re.compile(r"insufficient_quota|exceeded your current quota|insuffici
 def status_category(status: int, text: str) -> str:
     """The category of an HTTP error: the status, refined by the error's words
     where one status means two things."""
+    if status == 400 and TOOL_CHOICE_REFUSED.search(text):
+        return "tool_choice"
     if status == 413 or (status == 400 and _CONTEXT_OVERFLOW.search(text)):
         return "context_overflow"
     if status == 402 or (status in (400, 403, 429) and _BILLING.search(text)):
@@ -499,21 +502,22 @@ COMPRESSION_THRESHOLD = 0.50            # compress when the estimate is above th
 DEFAULT_CONTEXT_LENGTH = 128_000        # tokens; --context-length gives the model's real window
 CHARS_PER_TOKEN = 4                     # English text and code, on average
 MESSAGE_OVERHEAD_TOKENS = 4             # the role and separators of one message
+SUMMARY_MAX_TOKENS = 1_000              # a summary is notes, a page at most
 SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is background, "
                   "not new instructions: answer the latest user message.]")
 
 
-def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of every message's content and tool calls
-    (as their JSON text: id, name, arguments), divided by CHARS_PER_TOKEN, plus
-    MESSAGE_OVERHEAD_TOKENS for each message.
+def estimate_tokens(messages: list, tools: list = ()) -> int:
+    """A rough token count of what a request sends: the characters of every message's
+    content and tool calls (as their JSON text: id, name, arguments) and of the tool
+    schemas offered with it, divided by CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS
+    for each message.
 
     No tokenizer: this works for every model, costs nothing and only has to tell "far
     from the limit" from "getting close". It is too low for Chinese or Japanese (about
-    one token per character, not four) and leaves out the tool definitions that go with
-    every request: the threshold of one half leaves room for both.
+    one token per character, not four): the threshold of one half leaves room for that.
     """
-    characters = 0
+    characters = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
         if message.get("tool_calls"):
@@ -522,7 +526,7 @@ def estimate_tokens(messages: list) -> int:
 
 
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
-                     force: bool = False, on_event=None) -> dict | None:
+                     force: bool = False, on_event=None, tools: list = ()) -> dict | None:
     """Keep `messages` inside the context window; the loop calls this before every
     model call. Works in place. Returns what it did, or None when the estimate was
     not above the threshold. force=True (/compress) compresses whatever the estimate
@@ -535,15 +539,16 @@ def compress_context(client, model: str, messages: list, context_length: int | N
     """
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
-    before = estimate_tokens(messages)
+    before = estimate_tokens(messages, tools)      # the tool schemas are sent too
     if before <= limit and not force:
         return None
     unsaved = unsaved_start(messages)       # the store has not saved these yet: keep them
     pruned = prune_tool_outputs(messages, min(len(messages) - KEEP_RECENT_MESSAGES, unsaved))
     summarised = 0
-    if force or estimate_tokens(messages) > limit:
+    if force or estimate_tokens(messages, tools) > limit:
         head = head_end(messages)
-        tail = tail_start(messages, head, 0 if force else int(limit * TAIL_SHARE))
+        room = max(0, limit - estimate_tokens([], tools))     # the messages' share of it
+        tail = tail_start(messages, head, 0 if force else int(room * TAIL_SHARE))
         # Any failure leaves the list as it is: an API error, an answer that is not JSON
         # (a ValueError), a summary no shorter than the middle (a ValueError too).
         try:
@@ -552,7 +557,7 @@ def compress_context(client, model: str, messages: list, context_length: int | N
             on_event("compression_failed", {"message": (
                 f"could not summarise the conversation ({first_line(exc)}); "
                 f"it goes on without a summary")})
-    report = {"before": before, "after": estimate_tokens(messages), "limit": limit,
+    report = {"before": before, "after": estimate_tokens(messages, tools), "limit": limit,
               "pruned": pruned, "summarised": summarised}
     if pruned or summarised:
         on_event("compressed", report)
@@ -595,14 +600,19 @@ def summarise_middle(client, model: str, messages: list, start: int, end: int) -
     return len(new)
 
 
-def call_auxiliary_model(client, model: str, messages: list) -> str:
+def call_auxiliary_model(client, model: str, messages: list,
+                         max_tokens: int = SUMMARY_MAX_TOKENS) -> str:
     """A side request with no tools, made outside the agent loop: it is no turn of the
-    conversation and does not count against --max-iterations. Returns the answer's
-    text; raises openai.OpenAIError on any failure, an empty answer included."""
-    response = client.chat.completions.create(model=model, messages=messages)
+    conversation and does not count against --max-iterations. Its answer is bounded:
+    without max_tokens a small local model may write until the window is full. Returns
+    the text; raises openai.OpenAIError on any failure, an empty or cut-off answer too."""
+    response = client.chat.completions.create(model=model, messages=messages,
+                                              max_tokens=max_tokens)
     text = safe_text(first_message(response).content or "").strip()
     if not text:
         raise openai.OpenAIError("the answer was empty")
+    if response.choices[0].finish_reason == "length":
+        raise openai.OpenAIError(f"the answer was cut off at max_tokens ({max_tokens})")
     return text
 
 # ── [s05] Compression details ───────────────────────────────────────────────
@@ -2434,6 +2444,7 @@ TERMINAL_TIMEOUT = 60                   # seconds, default for one command
 MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
+TOOL_CHOICE_VAR = "HERMES_TOOL_CHOICE"  # "omit": send no tool_choice (see tool_fields())
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 console = Console(highlight=False, soft_wrap=True)
@@ -2462,7 +2473,8 @@ def run_conversation(client, model: str, messages: list,
     budget = IterationBudget(max_iterations)        # one of each per user turn
     guardrails = ToolCallGuardrails()
     while budget.consume():
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = call_model(client, model, messages, tools, recovery)
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
@@ -2593,6 +2605,27 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+def tool_fields(tools: list) -> dict:
+    """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
+    but llama-cpp-python's server leaves the tools out of the prompt without it. For a
+    server that refuses the field (vLLM without --enable-auto-tool-choice): omit."""
+    if not tools:
+        return {}
+    if os.environ.get(TOOL_CHOICE_VAR) == "omit":
+        return {"tools": tools}
+    return {"tools": tools, "tool_choice": "auto"}
+
+
+TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
+TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
+                   f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
+
+
+def refuses_tool_choice(exc: Exception) -> bool:
+    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
+    return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
     reason = not_an_api_reason(exc)
@@ -2614,6 +2647,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
                 f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
     if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
         return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if refuses_tool_choice(exc):
+        return f'The endpoint {base_url} refuses tool_choice "auto" (400): {TOOL_CHOICE_FIX}.'
     if isinstance(exc, openai.APIStatusError):
         return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
@@ -3287,7 +3322,13 @@ def compress_command(session: Session, argument: str) -> None:
 
 
 COMMANDS["/compress"] = compress_command
-DEMO_CONTEXT_LENGTH = 1_000             # tokens: small enough to compress after a few turns
+DEMO_CONTEXT_LENGTH = 1_000             # tokens for the messages: compression after a few turns
+
+
+def demo_context_length(tools: list) -> int:
+    """DEMO_CONTEXT_LENGTH for the messages, and twice what the tool schemas take: they go
+    with every request, so the threshold (one half) must leave room for them too."""
+    return DEMO_CONTEXT_LENGTH + 2 * estimate_tokens([], tools)
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
 

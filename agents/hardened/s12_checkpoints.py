@@ -144,6 +144,7 @@ class CheckpointManager:
         self.left_out: list[str] = []   # nested repositories and large files, last looked
         self.lock = threading.Lock()    # s10's sub-agents share the manager
         self.turn_taken = False         # this user turn has had its checkpoint
+        self.told_none = False          # "no checkpoints here" was said in this run
         self.warned: set = set()        # each warning is shown once per run
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
@@ -259,9 +260,13 @@ class CheckpointManager:
         """The first change of a user turn: a checkpoint first. Later ones: nothing.
         The lock makes a sub-agent's change wait until the checkpoint is complete."""
         with self.lock:
-            if self.turn_taken or never_checkpointed(self.project, self.home):
-                return                  # the second: a rule, not a failure (/rollback says)
+            if self.turn_taken:
+                return
             self.turn_taken = True
+            why_not = never_checkpointed(self.project, self.home)
+            if why_not:                 # a rule, not a failure: said at the first change
+                say_no_checkpoints_once(self, why_not)
+                return
             try:
                 commit = self.snapshot(reason)
             except Exception as exc:    # a safety net that fails must not stop the work
@@ -386,6 +391,20 @@ def project_root(folder: Path) -> Path:
         if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
             return candidate
     return folder
+
+
+def say_no_checkpoints_once(manager: CheckpointManager, why_not: str) -> None:
+    """The first change of a run where no checkpoint can be taken says so, once: a
+    scratch folder is exactly where a learner tries a real model."""
+    if manager.told_none:
+        return
+    manager.told_none = True
+    if "not in a project" in why_not:
+        how = (f"`git init` there (or any project marker) turns them on; they are kept "
+               f"outside the project, in {manager.store}")
+    else:
+        how = "start the agent in a project folder to have them"
+    console.print(Text(f"  [no checkpoint: {why_not}. {how}]", style="dim"))
 
 
 def never_checkpointed(project: Path, home: Path) -> str | None:
@@ -800,6 +819,9 @@ def build_settings() -> tuple:
         S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
           "model)", "OPENAI_BASE_URL", "--base-url"),
         S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
+        S("tool_choice", "choice", "auto", 'auto: send tool_choice "auto" with the tools; '
+          "omit: leave it out (a server that refuses it)", TOOL_CHOICE_VAR,
+          "--tool-choice", choices=("auto", "omit")),
         S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
           "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
         S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
@@ -6470,6 +6492,7 @@ API_ERROR_RETRYABLE = {
     "billing": False,                   # 402, or a 429 that says the credit is gone
     "model_not_found": False,           # 404
     "context_overflow": False,          # too long for the model: compress, don't resend
+    "tool_choice": False,               # 400: the server refuses tool_choice "auto" (vLLM)
     "bad_request": False,               # any other 4xx: the request itself is wrong
     "unknown": False,                   # we cannot tell: do not hammer the endpoint
 }
@@ -6543,7 +6566,7 @@ def call_model(client, model: str, messages: list, tools: list,
     while True:
         try:
             return client.chat.completions.create(
-                model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+                model=model, messages=messages, **tool_fields(tools))
         except openai.OpenAIError as exc:
             error = classify_api_error(exc)
             if error.category == "context_overflow" and not compressed:
@@ -6579,7 +6602,7 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
                   f"{policy.fallback_client.base_url}, once]")
     try:
         return policy.fallback_client.chat.completions.create(
-            model=model, messages=messages, tools=tools or openai.NOT_GIVEN)
+            model=model, messages=messages, **tool_fields(tools))
     except openai.OpenAIError as exc:
         policy.notify(f"[the fallback failed too: {classify_api_error(exc).category}]")
         raise failure from exc
@@ -6799,6 +6822,8 @@ _BILLING = re.compile(r"insufficient_quota|exceeded your current quota|insuffici
 def status_category(status: int, text: str) -> str:
     """The category of an HTTP error: the status, refined by the error's words
     where one status means two things."""
+    if status == 400 and TOOL_CHOICE_REFUSED.search(text):
+        return "tool_choice"
     if status == 413 or (status == 400 and _CONTEXT_OVERFLOW.search(text)):
         return "context_overflow"
     if status == 402 or (status in (400, 403, 429) and _BILLING.search(text)):
@@ -6882,21 +6907,22 @@ COMPRESSION_THRESHOLD = 0.50            # compress when the estimate is above th
 DEFAULT_CONTEXT_LENGTH = 128_000        # tokens; --context-length gives the model's real window
 CHARS_PER_TOKEN = 4                     # English text and code, on average
 MESSAGE_OVERHEAD_TOKENS = 4             # the role and separators of one message
+SUMMARY_MAX_TOKENS = 1_000              # a summary is notes, a page at most
 SUMMARY_PREFIX = ("[Summary of earlier turns, written to save context. It is background, "
                   "not new instructions: answer the latest user message.]")
 
 
-def estimate_tokens(messages: list) -> int:
-    """A rough token count: the characters of every message's content and tool calls
-    (as their JSON text: id, name, arguments), divided by CHARS_PER_TOKEN, plus
-    MESSAGE_OVERHEAD_TOKENS for each message.
+def estimate_tokens(messages: list, tools: list = ()) -> int:
+    """A rough token count of what a request sends: the characters of every message's
+    content and tool calls (as their JSON text: id, name, arguments) and of the tool
+    schemas offered with it, divided by CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS
+    for each message.
 
     No tokenizer: this works for every model, costs nothing and only has to tell "far
     from the limit" from "getting close". It is too low for Chinese or Japanese (about
-    one token per character, not four) and leaves out the tool definitions that go with
-    every request: the threshold of one half leaves room for both.
+    one token per character, not four): the threshold of one half leaves room for that.
     """
-    characters = 0
+    characters = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
     for message in messages:
         characters += len(str(message.get("content") or ""))
         if message.get("tool_calls"):
@@ -6905,7 +6931,7 @@ def estimate_tokens(messages: list) -> int:
 
 
 def compress_context(client, model: str, messages: list, context_length: int | None = None,
-                     force: bool = False, on_event=None) -> dict | None:
+                     force: bool = False, on_event=None, tools: list = ()) -> dict | None:
     """Keep `messages` inside the context window; the loop calls this before every
     model call. Works in place. Returns what it did, or None when the estimate was
     not above the threshold. force=True (/compress) compresses whatever the estimate
@@ -6918,15 +6944,16 @@ def compress_context(client, model: str, messages: list, context_length: int | N
     """
     on_event = on_event or (lambda kind, data: None)
     limit = int((context_length or DEFAULT_CONTEXT_LENGTH) * COMPRESSION_THRESHOLD)
-    before = estimate_tokens(messages)
+    before = estimate_tokens(messages, tools)      # the tool schemas are sent too
     if before <= limit and not force:
         return None
     unsaved = unsaved_start(messages)       # the store has not saved these yet: keep them
     pruned = prune_tool_outputs(messages, min(len(messages) - KEEP_RECENT_MESSAGES, unsaved))
     summarised = 0
-    if force or estimate_tokens(messages) > limit:
+    if force or estimate_tokens(messages, tools) > limit:
         head = head_end(messages)
-        tail = tail_start(messages, head, 0 if force else int(limit * TAIL_SHARE))
+        room = max(0, limit - estimate_tokens([], tools))     # the messages' share of it
+        tail = tail_start(messages, head, 0 if force else int(room * TAIL_SHARE))
         # Any failure leaves the list as it is: an API error, an answer that is not JSON
         # (a ValueError), a summary no shorter than the middle (a ValueError too).
         try:
@@ -6935,7 +6962,7 @@ def compress_context(client, model: str, messages: list, context_length: int | N
             on_event("compression_failed", {"message": (
                 f"could not summarise the conversation ({first_line(exc)}); "
                 f"it goes on without a summary")})
-    report = {"before": before, "after": estimate_tokens(messages), "limit": limit,
+    report = {"before": before, "after": estimate_tokens(messages, tools), "limit": limit,
               "pruned": pruned, "summarised": summarised}
     if pruned or summarised:
         on_event("compressed", report)
@@ -6978,14 +7005,19 @@ def summarise_middle(client, model: str, messages: list, start: int, end: int) -
     return len(new)
 
 
-def call_auxiliary_model(client, model: str, messages: list) -> str:
+def call_auxiliary_model(client, model: str, messages: list,
+                         max_tokens: int = SUMMARY_MAX_TOKENS) -> str:
     """A side request with no tools, made outside the agent loop: it is no turn of the
-    conversation and does not count against --max-iterations. Returns the answer's
-    text; raises openai.OpenAIError on any failure, an empty answer included."""
-    response = client.chat.completions.create(model=model, messages=messages)
+    conversation and does not count against --max-iterations. Its answer is bounded:
+    without max_tokens a small local model may write until the window is full. Returns
+    the text; raises openai.OpenAIError on any failure, an empty or cut-off answer too."""
+    response = client.chat.completions.create(model=model, messages=messages,
+                                              max_tokens=max_tokens)
     text = safe_text(first_message(response).content or "").strip()
     if not text:
         raise openai.OpenAIError("the answer was empty")
+    if response.choices[0].finish_reason == "length":
+        raise openai.OpenAIError(f"the answer was cut off at max_tokens ({max_tokens})")
     return text
 
 # ── [s05] Compression details ───────────────────────────────────────────────
@@ -8829,6 +8861,7 @@ TERMINAL_TIMEOUT = 60                   # seconds, default for one command
 MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than this
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
+TOOL_CHOICE_VAR = "HERMES_TOOL_CHOICE"  # "omit": send no tool_choice (see tool_fields())
 DRAIN_AFTER_KILL = 2                    # seconds to collect output after a kill
 MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
 console = Console(highlight=False, soft_wrap=True)
@@ -8861,7 +8894,8 @@ def run_conversation(client, model: str, messages: list,
         budget = IterationBudget(max_iterations)    # one of each per user turn
     guardrails = ToolCallGuardrails()
     while budget.consume():
-        compress_context(client, model, messages, context_length, on_event=on_event)
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
         response = call_model(client, model, messages, tools, recovery)
         message = first_message(response)
         messages.append(assistant_message_to_dict(message))
@@ -8993,6 +9027,25 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+def tool_fields(tools: list) -> dict:
+    """s01's tool_fields(), with the choice from the chain (tool_choice: auto | omit; a
+    test that builds no chain reads HERMES_TOOL_CHOICE, as s01 does)."""
+    choice = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
+    if not tools:
+        return {}
+    return {"tools": tools} if choice == "omit" else {"tools": tools, "tool_choice": "auto"}
+
+
+TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
+TOOL_CHOICE_FIX = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
+                   f"or send none: tool_choice: omit in config.yaml, or {TOOL_CHOICE_VAR}=omit")
+
+
+def refuses_tool_choice(exc: Exception) -> bool:
+    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
+    return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
+
+
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
     reason = not_an_api_reason(exc)
@@ -9014,6 +9067,8 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
                 f"Check --model / {MODEL_ENV_VAR} and OPENAI_BASE_URL.")
     if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
         return f"The endpoint {base_url} had a server error ({exc.status_code}). Try again later."
+    if refuses_tool_choice(exc):
+        return f'The endpoint {base_url} refuses tool_choice "auto" (400): {TOOL_CHOICE_FIX}.'
     if isinstance(exc, openai.APIStatusError):
         return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
@@ -9706,7 +9761,13 @@ def compress_command(session: Session, argument: str) -> None:
 
 
 COMMANDS["/compress"] = compress_command
-DEMO_CONTEXT_LENGTH = 1_000             # tokens: small enough to compress after a few turns
+DEMO_CONTEXT_LENGTH = 1_000             # tokens for the messages: compression after a few turns
+
+
+def demo_context_length(tools: list) -> int:
+    """DEMO_CONTEXT_LENGTH for the messages, and twice what the tool schemas take: they go
+    with every request, so the threshold (one half) must leave room for them too."""
+    return DEMO_CONTEXT_LENGTH + 2 * estimate_tokens([], tools)
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
 
@@ -10411,13 +10472,26 @@ def show_checkpoints(manager: CheckpointManager) -> None:
                            f"a turn takes one", style="dim"))
         return
     console.print(Text(f"checkpoints of {manager.project}, newest first (files and lines: "
-                       f"what changed since the one before):", style="bold"))
-    for c in checkpoints:
+                       f"what restoring it would undo, the changes made after it):",
+                       style="bold"))
+    # A checkpoint records what changed before it; its row shows what changed after it,
+    # as its label does ("before terminal: …"): the next one's record, or up to now.
+    undone = [changes_since(manager, checkpoints[0]),
+              *((c.files, c.added, c.removed) for c in checkpoints[:-1])]
+    for c, (files, added, removed) in zip(checkpoints, undone):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.files} file(s), "
-                           f"+{c.added} -{c.removed}  {c.reason}"))
+        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {files} file(s), "
+                           f"+{added} -{removed}  {c.reason}"))
     console.print(Text("/rollback diff N: the changes since N; /rollback N: back to N "
                        "(undo: /rollback 1); /rollback N <path>: one file", style="dim"))
+
+
+def changes_since(manager: CheckpointManager, checkpoint: Checkpoint) -> tuple[int, int, int]:
+    """Files, lines added and lines removed from `checkpoint` to the project now."""
+    open_checkpoint_store(manager)
+    stage_tree(manager)
+    return numstat_totals(manager.git("diff", "--cached", "--numstat", "-z", "--no-renames",
+                                      checkpoint.id, "--", ".", *excluded(manager.left_out)))
 
 
 def show_checkpoint_diff(manager: CheckpointManager, n: int | str) -> None:
