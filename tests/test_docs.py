@@ -482,6 +482,20 @@ def test_links_between_pages_are_relative(lang):
     assert absolute == []
 
 
+# One Chinese term for a detector's result (issue 23): 检出项. 发现 stays as the verb "to find"
+# (扫描发现了, 什么也没发现); these are the phrases that used it as the noun "a finding".
+FINDING_AS_NOUN = re.compile(r"发现(?:项|键|\s*id)|[项个]发现|(?:任何|全部)发现|(?<!没)有发现[的就]")
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_zh_calls_a_finding_one_name(chapter):
+    zh = read("zh", chapter)
+    assert FINDING_AS_NOUN.findall(zh) == [], f"docs/zh/{chapter}: 检出项, not 发现"
+    en_prose = INLINE_CODE.sub("", prose(read("en", chapter)))
+    if re.search(r"\bfindings?\b", en_prose, re.IGNORECASE):
+        assert "检出项" in zh, f"docs/zh/{chapter} discusses findings without 检出项"
+
+
 # ── The site: diff pages, navigation, language links ───────────────────────
 
 def docs_hooks():
