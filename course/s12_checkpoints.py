@@ -1731,7 +1731,9 @@ def run_demo(session: Session) -> int:
 def add_setting_flag(parser, setting: Setting) -> None:
     """A flag of SETTINGS. Its text is checked by the chain, like a value from any layer."""
     default = shown_value(setting, setting.default)
-    help_text = f"{setting.help} ({setting.key}; default {default})".replace("%", "%%")
+    # Every way to set it: this flag, the key in config.yaml, and the variable if any.
+    variable = f", ${setting.env}" if setting.env else ""
+    help_text = f"{setting.help} ({setting.key}{variable}; default {default})".replace("%", "%%")
     if setting.kind == "bool":
         parser.add_argument(setting.flag, dest=setting.key, action="store_const",
                             const="true", help=help_text)

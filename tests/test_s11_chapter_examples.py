@@ -287,6 +287,24 @@ def test_a_secret_is_never_shown(stage, tmp_path):
 
 
 @pytest.mark.parametrize("stage", STAGES)
+def test_help_and_show_config_name_the_variable_and_the_offline_model(stage, tmp_path):
+    """"Seeing the chain": --help and --show-config name the variable; while the offline
+    model answers, the model row says offline and why."""
+    text = " ".join(chapter().split())
+    shown = "(max_iterations, $HERMES_MAX_ITERATIONS; default 30)"
+    assert f"`{shown}`" in text
+    assert shown in " ".join(start(stage, tmp_path, ["--help"]).stdout.split())
+    assert "Under each key stands the variable that sets it, such as " \
+           "`$HERMES_MAX_ITERATIONS`" in text
+    assert "the `model` row says `offline` and why" in text
+    table = start(stage, tmp_path, ["--show-config"]).stdout
+    assert re.search(r"│ max_iterations +│ 30 +│ default +│\n│   \$HERMES_MAX_ITERATIONS +│",
+                     table), table
+    # The source folds at 80 columns: its first words are on the model's line.
+    assert re.search(r"│ model +│ offline +│ no OPENAI_API_KEY or ", table), table
+
+
+@pytest.mark.parametrize("stage", STAGES)
 def test_what_convert_accepts_for_each_kind(stage, tmp_path):
     """The list of kinds in "Checking every value"."""
     s = fresh_stage(stage)

@@ -183,22 +183,37 @@ RANGES = {
 }
 
 
-def table(stdout: str) -> list[tuple[str, str, str]]:
-    """The rows of --show-config's table: (key, value, source). The table is as wide as
-    the captured console (80 columns), so a long cell folds onto the next line: a line
-    continues the row above while that row's key is not yet one of `keys`, or when its
-    own key cell is empty."""
-    keys = {setting.key for name in STAGES for setting in load_stage(name).SETTINGS}
+def full_table(stdout: str) -> list[tuple[str, str, str, str]]:
+    """The rows of --show-config's table: (key, value, source, variable). A setting's
+    variable is under its key, "$NAME" on a line of its own ("" if it has none). The table
+    is as wide as the captured console (80 columns), so a long cell folds onto the next
+    line: a line continues the row above when its key cell is empty or holds the variable,
+    or while that row's key or variable is not yet one of the settings'."""
+    settings = [setting for name in STAGES for setting in load_stage(name).SETTINGS]
+    keys, variables = {s.key for s in settings}, {s.env or "" for s in settings}
     rows = []
     for line in stdout.splitlines():
         if not line.startswith("│"):
             continue
-        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
-        if rows and (not cells[0] or rows[-1][0] not in [*keys, "key"]):
-            rows[-1] = [a + b for a, b in zip(rows[-1], cells)]
+        key, *cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        last = rows[-1] if rows else None
+        if last is None or key and not key.startswith("$") and last[0] in keys \
+                and last[3] in variables:
+            rows.append([key, *cells, ""])      # a new row
+            continue
+        if key.startswith("$"):
+            last[3] = key[1:]
+        elif last[0] not in keys:
+            last[0] += key
         else:
-            rows.append(cells)
-    return [tuple(row) for row in rows if row != ["key", "value", "source"]]
+            last[3] += key
+        last[1:3] = [a + b for a, b in zip(last[1:3], cells)]
+    return [tuple(row) for row in rows]
+
+
+def table(stdout: str) -> list[tuple[str, str, str]]:
+    """The rows of --show-config's table without the variable: (key, value, source)."""
+    return [row[:3] for row in full_table(stdout)]
 
 
 # s06's no-progress guardrail is in the hardened edition only, and so is its setting.
@@ -851,9 +866,10 @@ def test_show_config_prints_one_row_per_key_and_exits(stage, isolated_home):
     assert result.returncode == 0 and result.stderr == ""
     rows = table(result.stdout)
     assert [row[0] for row in rows] == [setting.key for setting in stage.SETTINGS]
-    assert {row[2] for row in rows} == {"default"}
+    assert {row[2] for row in rows[1:]} == {"default"}
+    assert model_row(result.stdout) == offline("no OPENAI_API_KEY or OPENAI_BASE_URL")
     header = next(line for line in result.stdout.splitlines() if line.startswith("┃"))
-    assert header.strip("┃ ").split() == ["key", "┃", "value", "┃", "source"]
+    assert header.strip("┃ ").split() == ["key", "/", "$variable", "┃", "value", "┃", "source"]
     assert ("approvals.timeout", "60", "default") in rows
     assert ("approvals.yolo", "false", "default") in rows
     assert ("approvals.deny", "(empty)", "default") in rows
@@ -883,7 +899,9 @@ def test_show_config_with_every_layer_set(stage, home, tmp_path):
     assert ("max_iterations", "9", "--max-iterations") in rows
     assert ("approvals.mode", "smart", "HERMES_APPROVAL_MODE") in rows
     assert ("delegation.child_approvals", "deny", "managed:delegation.child_approvals") in rows
-    assert ("model", "gpt-4o-mini", "default") in rows      # the profile has its own file
+    # The profile has its own file: its model is the default, but no key and no endpoint
+    # are set, so the offline model answers.
+    assert model_row(result.stdout) == offline("no OPENAI_API_KEY or OPENAI_BASE_URL")
     profile = home / "profiles" / "p1"
     if "hardened" in stage.__file__:
         assert result.stdout.splitlines()[-3:] == [
@@ -930,6 +948,49 @@ def test_slash_config_in_the_repl_and_the_config_verb(stage, home, work):
     assert answer.splitlines()[1] == "Every setting has its default."
 
 
+def model_row(stdout: str) -> tuple[str, str]:
+    """The model row's value and source, the source without spaces: a folded cell loses
+    the space where it was wrapped."""
+    value, source = next(row[1:3] for row in table(stdout) if row[0] == "model")
+    return value, "".join(source.split())
+
+
+def offline(why: str) -> tuple[str, str]:
+    return "offline", "".join(f"{why}: the built-in offline model".split())
+
+
+def test_help_and_show_config_name_every_way_to_set_a_value(stage, isolated_home):
+    """A flag's help names the key and the variable; --show-config names the variable of
+    every setting that has one: the flag, the variable and config.yaml are all findable."""
+    shown = run_main(stage, "--help", env=clean_env(COLUMNS="300")).stdout
+    assert "(max_iterations, $HERMES_MAX_ITERATIONS; default 30)" in shown
+    for setting in stage.SETTINGS:
+        if setting.flag:
+            variable = f", ${setting.env}" if setting.env else ""
+            assert f"({setting.key}{variable}; default " in shown, setting.key
+    rows = full_table(run_main(stage, "--show-config").stdout)
+    assert {row[0]: row[3] for row in rows} == {s.key: s.env or "" for s in stage.SETTINGS}
+    assert ("max_iterations", "30", "default", "HERMES_MAX_ITERATIONS") in rows
+    assert ("approvals.deny", "(empty)", "default", "") in rows
+
+
+def test_show_config_and_slash_config_name_the_offline_model(stage, home, work):
+    """While the offline model answers, the model row says so, not the unused name."""
+    no_endpoint = offline("no OPENAI_API_KEY or OPENAI_BASE_URL")
+    assert model_row(run_main(stage, "--show-config").stdout) == no_endpoint
+    keyed = clean_env(OPENAI_API_KEY="sk-test-1234")
+    assert model_row(run_main(stage, "--show-config", env=keyed).stdout) == \
+        ("gpt-4o-mini", "default")
+    assert model_row(run_main(stage, "--offline", "--show-config", env=keyed).stdout) == \
+        offline("--offline")
+    (home / "config.yaml").write_text("model: from-file\n")
+    assert model_row(run_main(stage, "--offline", stdin="/config\n", env=keyed).stdout) == \
+        offline("--offline")
+    assert model_row(run_main(stage, stdin="/config\n").stdout) == no_endpoint
+    assert model_row(run_main(stage, "--show-config", env=keyed).stdout) == \
+        ("from-file", "config.yaml:model")
+
+
 def test_without_main_there_is_no_configuration_to_show(stage, capsys):
     assert stage.CONFIG is None
     stage.show_config(None)
@@ -948,8 +1009,8 @@ def test_the_flags_are_made_from_the_table(stage):
                   "[--yolo]", "[--config PATH]", "[--profile NAME]", "[--show-config]",
                   "[--child-budget {shared,independent}]", "[--model STR]"):
         assert usage in result.stdout
-    assert "(approvals.timeout; default 60)" in result.stdout
-    assert "(approvals.yolo; default false)" in result.stdout
+    assert "(approvals.timeout, $HERMES_APPROVAL_TIMEOUT; default 60)" in result.stdout
+    assert "(approvals.yolo, $HERMES_YOLO_MODE; default false)" in result.stdout
     assert stage.parse_args(["--yolo"]).__dict__["approvals.yolo"] == "true"
     assert stage.parse_args([]).__dict__["approvals.yolo"] is None
 

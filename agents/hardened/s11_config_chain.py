@@ -214,6 +214,7 @@ class Config:
         self.read_from: list[str] = []  # the files and home, as --show-config lists them
         self.files = files              # the config files read: protected from the agent
         self.warnings = warnings
+        self.offline: str | None = None   # why the offline model answers; None: an endpoint
 
     def __getitem__(self, key: str):
         return self.resolved[key].value
@@ -242,6 +243,7 @@ def load_config(args, environ=os.environ) -> Config:
         raise ConfigError("\n".join(errors), warnings)
     files = [file for file in (path, managed_path) if file is not None and file.exists()]
     config = Config(resolved, home, base, files, warnings)
+    config.offline = offline_reason(args, config)
     config.read_from = [
         f"config file:  {tilde(path)} ({'read' if path.exists() else 'not there: defaults'})",
         "managed file: " + (tilde(managed_path) if managed_path else
@@ -8806,7 +8808,7 @@ def open_session(args, config: Config) -> Session:
     enabled = config["toolsets"]
     tools = REGISTRY.get_definitions(None if enabled is None else set(enabled),
                                      set(config["disabled_toolsets"]) or None)
-    if args.offline or args.demo or not (base_url or api_key):
+    if config.offline:                      # --offline, --demo, or no key and no endpoint
         server = start_offline_server()
         # How to start is a hint for the REPL: with --demo or -p nobody types anything.
         hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
@@ -9455,20 +9457,33 @@ CHAIN_ORDER = (f"Strongest first: the managed file (it locks the keys it sets), 
 
 
 def show_config(config: Config | None) -> None:
-    """--show-config and /config: one row per setting, with the value and its source."""
+    """--show-config and /config: one row per setting, with the value and its source, and
+    under its key the variable that sets it: every way to set a value is on the screen."""
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()",
                            style="yellow"))
         return
     table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
-    for column in ("key", "value", "source"):
+    for column in ("key / $variable", "value", "source"):
         table.add_column(column, overflow="fold")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
-        table.add_row(Text(setting.key), Text(shown_value(setting, config[setting.key])),
-                      Text(visible(config.origin(setting.key))))
+        value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
+        if setting.key == "model" and config.offline:   # what answers, not an unused name
+            value, origin = "offline", f"{config.offline}: the built-in offline model"
+        key = Text(setting.key + (f"\n  ${setting.env}" if setting.env else ""))
+        table.add_row(key, Text(value), Text(visible(origin)))
     console.print(table)
     for line in config.read_from:
         console.print(Text(line, style="dim"))
+
+
+def offline_reason(args, config: Config) -> str | None:
+    """Why the offline model answers (open_session() starts it), or None: an endpoint does."""
+    if args.offline or args.demo:
+        return "--offline" if args.offline else "--demo"
+    if config["base_url"] or config["api_key"]:
+        return None
+    return "no OPENAI_API_KEY or OPENAI_BASE_URL"
 
 
 def shown_value(setting: Setting, value) -> str:
@@ -9618,7 +9633,9 @@ def demo_deny_turns(session: Session) -> None:
 def add_setting_flag(parser, setting: Setting) -> None:
     """A flag of SETTINGS. Its text is checked by the chain, like a value from any layer."""
     default = shown_value(setting, setting.default)
-    help_text = f"{setting.help} ({setting.key}; default {default})".replace("%", "%%")
+    # Every way to set it: this flag, the key in config.yaml, and the variable if any.
+    variable = f", ${setting.env}" if setting.env else ""
+    help_text = f"{setting.help} ({setting.key}{variable}; default {default})".replace("%", "%%")
     if setting.kind == "bool":
         parser.add_argument(setting.flag, dest=setting.key, action="store_const",
                             const="true", help=help_text)
