@@ -529,8 +529,12 @@ def main(argv=None) -> int:
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
 # openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model: '$ <command>' runs a command with the terminal tool. "
-                "For a real model, set OPENAI_API_KEY (or OPENAI_BASE_URL) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'$ <command>'"
+
+# Its answer to anything else: one short line, not the whole list (/help has that).
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
 
 
 def offline_plan(text: str):

@@ -17,7 +17,7 @@ Reading guide
     "[s03] Session store" is the lesson: SessionStore, RecordedMessages (every message is
     saved as it is appended) and session_search(); their helpers follow in "[s03] Session
     store details". /sessions and /resume are under "[s03] Session commands".
-    Changed in earlier stages' sections: none; and 9 definitions of the plumbing (python
+    Changed in earlier stages' sections: none; and 10 definitions of the plumbing (python
     course/build.py --changes s03 lists them all).
 Run
     python agents/s03_session_store.py --demo          # the walk-through
@@ -1226,13 +1226,15 @@ def demo_say(session: Session, text: str) -> bool:
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
-                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'search <words>', '$ <command>' or 'read <path>'"
+
+# Its answer to anything else: one short line, not the whole list (/help has that).
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
 
 
 def offline_plan(text: str):

@@ -15,7 +15,7 @@ What this stage adds
 Reading guide
     "[s04] The system prompt" is the lesson: build_system_prompt(); then load_context_file()
     and find_injection(), whose rules are in "[s04] Scanner details".
-    Changed in earlier stages' sections: none; and 5 definitions of the plumbing (python
+    Changed in earlier stages' sections: none; and 6 definitions of the plumbing (python
     course/build.py --changes s04 lists them all).
 Run
     python agents/s04_prompt_builder.py --demo          # the walk-through
@@ -1518,13 +1518,15 @@ def demo_folder(agents_md: str, template: Session) -> Session:
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
-                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'prompt', '$ <command>' or 'read <path>'"
+
+# Its answer to anything else: one short line, not the whole list (/help has that).
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
 
 
 def offline_plan(text: str):

@@ -18,7 +18,7 @@ Reading guide
     prune_tool_outputs() and summarise_middle(); "[s05] Compression details" holds where
     the cuts go.
     Changed in earlier stages' sections: run_conversation() in [s01]; RecordedMessages in
-    [s03]; and 9 definitions of the plumbing (python course/build.py --changes s05 lists
+    [s03]; and 10 definitions of the plumbing (python course/build.py --changes s05 lists
     them all).
 Run
     python agents/s05_context_compression.py --demo   # the walk-through
@@ -1768,13 +1768,15 @@ def demo_context_length(tools: list) -> int:
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
-                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'context', 'prompt' or '$ <command>'"
+
+# Its answer to anything else: one short line, not the whole list (/help has that).
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
 
 
 def offline_plan(text: str):

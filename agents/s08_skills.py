@@ -2839,21 +2839,15 @@ def skills_part(prompt: str) -> str:
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call, "
-                "'search <words>' searches earlier sessions, 'prompt' describes my "
-                "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model, "
-                "'remember <fact>' saves a note with the memory tool "
-                "('remember about me: <fact>' for the user profile), "
-                "'skills' lists the skills and 'skill <name>' loads one. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'skills', 'skill <name>' or '$ <command>'"
+
+# Its answer to anything else: one short line, not the whole list (/help has that).
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
 
 
 def offline_plan(text: str):

@@ -1018,23 +1018,15 @@ def main(argv=None) -> int:
 
 #: section Offline model (not part of the lesson) | plumbing, untagged
 
-#: teaching
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
 # openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model: '$ <command>' runs a command with the terminal tool. "
-                "For a real model, set OPENAI_API_KEY (or OPENAI_BASE_URL) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'$ <command>'"
 
-
-#: hardened
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
-
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command with the terminal tool. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# Its answer to anything else: one short line, not the whole list (/help has that).
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
 
 
 def offline_plan(text: str):

@@ -984,26 +984,11 @@ def open_session(args) -> Session:
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations, tools)
 
-#: teaching
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow the simple instructions that /help "
-                "lists. To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
-
-
-#: hardened
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
-
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'read <path>', 'write <path> <text>' or 'call <tool> <json>'"
 
 
 def offline_plan(text: str):

@@ -1326,35 +1326,11 @@ def main(argv=None) -> int:
     finally:
         close_session(session)
 
-#: teaching
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call, "
-                "'search <words>' searches earlier sessions, 'prompt' describes my "
-                "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind>' and 'retry <input>' play a failing endpoint and a stuck model. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
-
-
-#: hardened
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
-
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command, 'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call, "
-                "'search <words>' searches earlier sessions, 'prompt' describes my "
-                "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind> [times]' makes my endpoint fail, "
-                "'retry <input>' repeats a tool call like a model stuck in a loop. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'fail <kind> [times]', 'retry <input>' or '$ <command>'"
 
 
 def offline_reply(messages: list, counter: list) -> dict:

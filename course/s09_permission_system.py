@@ -4997,23 +4997,11 @@ def main(argv=None) -> int:
         APPROVAL_CONTEXT.reset(approvals)
         close_session(session)
 
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the
-# real openai client builds requests and parses responses exactly as it would
-# against a real endpoint.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
+# openai client builds requests and parses answers as it does with a real endpoint.
 
-OFFLINE_HELP = ("I am the offline model, so I only follow simple instructions: "
-                "'$ <command>' runs a command (a dangerous one only after your approval), "
-                "'read <path>' and 'write <path> <text>' use "
-                "the file tools, 'call <tool> <json>' sends a raw tool call, "
-                "'search <words>' searches earlier sessions, 'prompt' describes my "
-                "system prompt, 'context' describes the conversation I received, "
-                "'fail <kind> [times]' makes my endpoint fail, "
-                "'retry <input>' repeats a tool call like a model stuck in a loop, "
-                "'remember <fact>' saves a note with the memory tool "
-                "('remember about me: <fact>' for the user profile), "
-                "'skills' lists the skills and 'skill <name>' loads one. "
-                "To talk to a real model, set OPENAI_API_KEY (and OPENAI_BASE_URL for "
-                "other providers) and start me again.")
+# The verbs it names when it does not understand: the ones that fit this stage best.
+OFFLINE_VERBS = "'$ <command>', 'write <path> <text>' or 'read <path>'"
 
 
 def offline_reply(messages: list, counter: list) -> dict:

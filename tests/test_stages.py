@@ -277,6 +277,21 @@ def test_help_names_the_stage_and_lists_its_flags(stage):
     assert listed == expected | {"--help"}
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_offline_model_answers_what_it_does_not_follow_in_one_short_line(stage, tmp_path):
+    """`hi`, a stray `clear`: one short line with a few verbs of this stage and /help,
+    not a paragraph of every verb. The verbs it names are ones /help lists."""
+    result = run_main(stage, "-p", "hi", cwd=tmp_path,
+                      env=clean_env(HOME=str(tmp_path), LEARN_HERMES_HOME=str(tmp_path / "h")))
+    assert result.returncode == 0, result.stderr
+    answer = result.stdout.strip()
+    assert "\n" not in answer and len(answer) <= 160 and "/help" in answer, answer
+    verbs = re.findall(r"'([^']+)'", answer)
+    assert 1 <= len(verbs) <= 3, answer
+    for verb in verbs:
+        assert re.search(rf"^  {re.escape(verb)}  ", load_stage(stage).HELP_TEXT, re.M), verb
+
+
 def demo(stage, tmp_path, **env):
     """Run `--demo` in this process, in an empty folder with its own home."""
     return run_main(stage, "--demo", cwd=tmp_path,
