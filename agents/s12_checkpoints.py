@@ -1363,7 +1363,8 @@ def approve_command(command: str, findings: list[Finding],
     "deny". Cached approvals first, then the smart reviewer (mode smart), then the person
     at the terminal. Only "session" and "always" are remembered."""
     context = context or approval_context()
-    if context.all_approved(findings):
+    if cached := context.cached_approval(findings):   # said, like YOLO's and the reviewer's
+        show_approval_note(f"[approved without asking: {cached}]")
         return "once"
     if context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -1440,9 +1441,14 @@ class ApprovalContext:
         """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
         return ask_human(self, command, findings, choices)
 
-    def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | self.permissions.allowlist
-        return all(finding.key in approved for finding in findings)
+    def cached_approval(self, findings: list[Finding]) -> str | None:
+        """Where each finding was approved before ("allowlist.json: KEY; this session:
+        KEY"), or None if one of them was not."""
+        session = self.permissions.approved_in(self.session_id)
+        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in self.permissions.allowlist
+                 else f"this session: {key}" if key in session else None
+                 for key in dict.fromkeys(finding.key for finding in findings)]
+        return None if None in where else "; ".join(where)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
@@ -1499,6 +1505,13 @@ def described(findings: list[Finding]) -> str:
 
 def show_approval_note(line: str, style: str = "yellow") -> None:
     err_console.print(Text(line, style=style))
+
+
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`, as the note of a cached approval names it (s11:
+    config.yaml's command_allowlist is one too)."""
+    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
+        else ALLOWLIST_FILE
 
 # ── [s09] Approval details ──────────────────────────────────────────────────
 

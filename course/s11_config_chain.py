@@ -1392,6 +1392,13 @@ def policy_files() -> list[Path]:
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
 
 
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`, as the note of a cached approval names it (s11:
+    config.yaml's command_allowlist is one too)."""
+    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
+        else ALLOWLIST_FILE
+
+
 #: hardened
 def allowlist_keys(permissions: Permissions) -> set:
     """The file as this run found it, or as an "always" answer saved it. If anything else

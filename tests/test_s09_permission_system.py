@@ -987,6 +987,20 @@ def test_always_counts_at_once_for_every_session_of_this_run(stage, gate, work, 
     assert other.asked == 0 and marks(work) == ["rm -rf a", "rm -rf b"]
 
 
+def test_an_approval_from_the_cache_says_which_cache_and_key(stage, gate, work, home, capsys):
+    """Like YOLO and the smart reviewer, a cached approval prints a note (issue 23)."""
+    permissions, key = stage.Permissions(), keys(stage, "chmod -R 777 a")[0]
+    assert gate("chmod -R 777 a", Answers("s"), permissions) is None
+    capsys.readouterr()
+    assert gate("chmod -R 777 b", Answers(), permissions) is None       # the session set
+    assert f"[approved without asking: this session: {key}]" in capsys.readouterr().err
+    assert gate("chmod -R 777 c", Answers("a"), permissions, FakeSession("s2")) is None
+    capsys.readouterr()
+    assert gate("chmod -R 777 d", Answers(), stage.Permissions(), FakeSession("new")) is None
+    assert f"[approved without asking: allowlist.json: {key}]" in capsys.readouterr().err
+    assert marks(work) == [f"chmod -R 777 {name}" for name in "abcd"]
+
+
 @pytest.mark.hardening
 def test_the_agents_own_save_is_not_a_change_and_a_hard_link_breaks_the_file(
         stage, gate, work, home, capsys, tmp_path):

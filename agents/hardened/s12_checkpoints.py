@@ -4860,7 +4860,9 @@ def approve_command(command: str, findings: list[Finding],
     skips the cache and the reviewer, and can only be approved once."""
     context = context or approval_context()
     human_only = any(finding.needs_human for finding in findings)
-    if not human_only and context.all_approved(findings):
+    cached = None if human_only else context.cached_approval(findings)
+    if cached:                      # said, like YOLO's and the smart reviewer's approvals
+        show_approval_note(f"[approved without asking: {cached}]")
         return "once"
     if not human_only and context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -4958,9 +4960,15 @@ class ApprovalContext:
     def uses_smart_review(self) -> bool:
         return self.permissions.mode == "smart"
 
-    def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
-        return all(finding.key in approved for finding in findings)
+    def cached_approval(self, findings: list[Finding]) -> str | None:
+        """Where each finding was approved before, for the note ("allowlist.json: KEY;
+        this session: KEY"), or None if one of them was not."""
+        session, allowlist = self.permissions.approved_in(self.session_id), \
+            allowlist_keys(self.permissions)
+        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
+                 else f"this session: {key}" if key in session else None
+                 for key in dict.fromkeys(finding.key for finding in findings)]
+        return None if None in where else "; ".join(where)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
@@ -5031,6 +5039,13 @@ def described(findings: list[Finding]) -> str:
 
 def show_approval_note(line: str, style: str = "yellow") -> None:
     err_console.print(Text(line, style=style))
+
+
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`, as the note of a cached approval names it (s11:
+    config.yaml's command_allowlist is one too)."""
+    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
+        else ALLOWLIST_FILE
 
 # ── [s09] Approval details ──────────────────────────────────────────────────
 
