@@ -1529,6 +1529,9 @@ NO_TERMINAL = ("no terminal to ask on (input is not a TTY), and an unattended ru
                "dangerous tier unless --yolo or --approval-mode off")
 
 
+ENTER_ALONE = "no choice was typed (Enter alone denies)"
+
+
 class NoAnswer(Exception):
     """The prompt got no answer: no terminal, end of input, or the time ran out."""
 
@@ -1539,12 +1542,16 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
-    was_armed, why = CtrlC.armed, "the user answered deny"
+    if context.read_answer is no_terminal:  # no prompt that nobody can answer
+        show_approval_note(f"denied: {NO_TERMINAL}", style="red")
+        return "deny", NO_TERMINAL
+    was_armed = CtrlC.armed
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
-        while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
+        while (choice := parse_choice(answer := context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
+        why = "the user answered deny" if answer.strip() else ENTER_ALONE
     except (NoAnswer, KeyboardInterrupt) as exc:
         # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
         # why; armed again, a second Ctrl-C cancels the turn as usual.
@@ -1580,6 +1587,18 @@ def visible(text: str) -> str:
     """`text` with what a terminal would not print as it is shown as escapes (\\x1b,
     \\u202e …): a command must not hide or reorder its own text on your terminal."""
     return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
+
+
+def terminal_reader():
+    """How main() reaches a person: the terminal, or without one (a pipe, a script, CI)
+    no_terminal, so that ask_human() denies without a prompt that nobody can answer."""
+    return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() \
+        else no_terminal
+
+
+def no_terminal(deadline: float) -> str:
+    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
+    raise NoAnswer(NO_TERMINAL)
 
 
 def read_terminal_answer(deadline: float) -> str:
@@ -3472,7 +3491,9 @@ SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
@@ -4280,7 +4301,7 @@ def main(argv=None) -> int:
     session.delegation = delegation_settings_from_config(config)
     use_checkpoints(checkpoints_from_config(config))       # s12
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)
@@ -4592,12 +4613,6 @@ COMMANDS["/permissions"] = show_permissions
 
 
 STUB_RM = '#!/bin/sh\necho "stub rm: $*"\n'     # the demo's rm: it only prints its arguments
-
-
-def no_terminal(deadline: float) -> str:
-    """The demo's reader: nobody answers, as in a script, even when the demo runs in a
-    terminal."""
-    raise NoAnswer(NO_TERMINAL)
 
 
 def enter_demo_folder(root: Path) -> None:

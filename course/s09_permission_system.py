@@ -3612,6 +3612,9 @@ NO_TERMINAL = ("no terminal to ask on (input is not a TTY), and an unattended ru
                "dangerous tier unless --yolo or --approval-mode off")
 
 
+ENTER_ALONE = "no choice was typed (Enter alone denies)"
+
+
 class NoAnswer(Exception):
     """The prompt got no answer: no terminal, end of input, or the time ran out."""
 
@@ -3623,12 +3626,16 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
-    was_armed, why = CtrlC.armed, "the user answered deny"
+    if context.read_answer is no_terminal:  # no prompt that nobody can answer
+        show_approval_note(f"denied: {NO_TERMINAL}", style="red")
+        return "deny", NO_TERMINAL
+    was_armed = CtrlC.armed
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
-        while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
+        while (choice := parse_choice(answer := context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
+        why = "the user answered deny" if answer.strip() else ENTER_ALONE
     except (NoAnswer, KeyboardInterrupt) as exc:
         # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
         # why; armed again, a second Ctrl-C cancels the turn as usual.
@@ -3646,12 +3653,16 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
+    if context.read_answer is no_terminal:  # no prompt that nobody can answer
+        show_approval_note(f"denied: {NO_TERMINAL}", style="red")
+        return "deny", NO_TERMINAL
     was_armed = CtrlC.armed
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
         while True:
-            choice = parse_choice(context.read_answer(deadline), choices)
+            answer = context.read_answer(deadline)
+            choice = parse_choice(answer, choices)
             if choice is not None:
                 break
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
@@ -3665,7 +3676,7 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
         err_console.print()
         choice, why = "deny", "the user pressed Ctrl-C at the prompt"
     else:
-        why = "the user answered deny"
+        why = "the user answered deny" if answer.strip() else ENTER_ALONE
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
                        style="red" if choice == "deny" else "green")
     return choice, why if choice == "deny" else ""
@@ -3746,6 +3757,18 @@ def is_hidden(character: str) -> bool:
     return character != "\n" and (category in HIDDEN_CATEGORIES or character in BLANK_LOOKING
                                   or (category == "Zs" and character != " ")
                                   or "VARIATION SELECTOR" in unicodedata.name(character, ""))
+
+
+def terminal_reader():
+    """How main() reaches a person: the terminal, or without one (a pipe, a script, CI)
+    no_terminal, so that ask_human() denies without a prompt that nobody can answer."""
+    return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() \
+        else no_terminal
+
+
+def no_terminal(deadline: float) -> str:
+    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
+    raise NoAnswer(NO_TERMINAL)
 
 
 #: teaching
@@ -4662,12 +4685,6 @@ def existing_folder(text: str) -> Path:
 STUB_RM = '#!/bin/sh\necho "stub rm: $*"\n'     # the demo's rm: it only prints its arguments
 
 
-def no_terminal(deadline: float) -> str:
-    """The demo's reader: nobody answers, as in a script, even when the demo runs in a
-    terminal."""
-    raise NoAnswer(NO_TERMINAL)
-
-
 def enter_demo_folder(root: Path) -> None:
     """A temporary working folder, home and state folder, and a stub rm first on PATH:
     even if a guard failed, the demo could not harm anything."""
@@ -5002,7 +5019,7 @@ def main(argv=None) -> int:
     session = open_session(args)
     session.recovery = retry_policy_from_args(args, session)
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_args(args), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)

@@ -1554,7 +1554,7 @@ def main(argv=None) -> int:
     session.recovery = retry_policy_from_args(args, session)
     session.delegation = delegation_settings_from_args(args)
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_args(args), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)

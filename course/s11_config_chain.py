@@ -1642,7 +1642,7 @@ def main(argv=None) -> int:
     session.recovery = retry_policy_from_config(config, session)
     session.delegation = delegation_settings_from_config(config)
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)

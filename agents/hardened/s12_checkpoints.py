@@ -5065,6 +5065,9 @@ NO_TERMINAL = ("no terminal to ask on (input is not a TTY), and an unattended ru
                "dangerous tier unless --yolo or --approval-mode off")
 
 
+ENTER_ALONE = "no choice was typed (Enter alone denies)"
+
+
 class NoAnswer(Exception):
     """The prompt got no answer: no terminal, end of input, or the time ran out."""
 
@@ -5075,12 +5078,16 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
+    if context.read_answer is no_terminal:  # no prompt that nobody can answer
+        show_approval_note(f"denied: {NO_TERMINAL}", style="red")
+        return "deny", NO_TERMINAL
     was_armed = CtrlC.armed
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
         while True:
-            choice = parse_choice(context.read_answer(deadline), choices)
+            answer = context.read_answer(deadline)
+            choice = parse_choice(answer, choices)
             if choice is not None:
                 break
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
@@ -5094,7 +5101,7 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
         err_console.print()
         choice, why = "deny", "the user pressed Ctrl-C at the prompt"
     else:
-        why = "the user answered deny"
+        why = "the user answered deny" if answer.strip() else ENTER_ALONE
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
                        style="red" if choice == "deny" else "green")
     return choice, why if choice == "deny" else ""
@@ -5150,6 +5157,18 @@ def is_hidden(character: str) -> bool:
     return character != "\n" and (category in HIDDEN_CATEGORIES or character in BLANK_LOOKING
                                   or (category == "Zs" and character != " ")
                                   or "VARIATION SELECTOR" in unicodedata.name(character, ""))
+
+
+def terminal_reader():
+    """How main() reaches a person: the terminal, or without one (a pipe, a script, CI)
+    no_terminal, so that ask_human() denies without a prompt that nobody can answer."""
+    return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() \
+        else no_terminal
+
+
+def no_terminal(deadline: float) -> str:
+    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
+    raise NoAnswer(NO_TERMINAL)
 
 
 def read_terminal_answer(deadline: float) -> str:
@@ -8547,7 +8566,9 @@ SEARCH_TIMEOUT = 10                     # seconds for one search_files call, wal
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
@@ -9628,7 +9649,7 @@ def main(argv=None) -> int:
     session.delegation = delegation_settings_from_config(config)
     use_checkpoints(checkpoints_from_config(config))       # s12
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)
@@ -10012,12 +10033,6 @@ COMMANDS["/permissions"] = show_permissions
 
 
 STUB_RM = '#!/bin/sh\necho "stub rm: $*"\n'     # the demo's rm: it only prints its arguments
-
-
-def no_terminal(deadline: float) -> str:
-    """The demo's reader: nobody answers, as in a script, even when the demo runs in a
-    terminal."""
-    raise NoAnswer(NO_TERMINAL)
 
 
 def enter_demo_folder(root: Path) -> None:
