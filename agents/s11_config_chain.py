@@ -3011,6 +3011,10 @@ CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
     """A store, or None with one warning: a broken database must not stop the agent."""
+    if path.parent.exists() and not path.parent.is_dir():   # no state can be kept at all
+        err_console.print(Text(f"error: LEARN_HERMES_HOME ({path.parent}) is a file, not a "
+                               f"folder: point it at a folder", style="red"))
+        raise SystemExit(1)                 # before anything runs, nothing changed
     try:
         return SessionStore(path, use_fts)
     except (sqlite3.Error, OSError) as exc:
