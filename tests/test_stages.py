@@ -30,7 +30,7 @@ STAGE_FLAGS = {
     "s08_skills": [],
     "s09_permission_system": ["--yolo", "--approval-mode", "--approval-timeout", "--write-root"],
     "s10_subagent_delegation": ["--child-budget", "--child-approvals", "--heartbeat-interval"],
-    "s11_config_chain": ["--config", "--profile", "--show-config"],
+    "s11_config_chain": ["--config", "--profile", "--show-config", "--tool-choice"],
     "s12_checkpoints": ["--checkpoints", "--no-checkpoints"],
 }
 
