@@ -1107,8 +1107,9 @@ class ApprovalContext:
     def cached_approval(self, findings: list[Finding]) -> str | None:
         """Where each finding was approved before ("allowlist.json: KEY; this session:
         KEY"), or None if one of them was not."""
-        session = self.permissions.approved_in(self.session_id)
-        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in self.permissions.allowlist
+        session, allowlist = self.permissions.approved_in(self.session_id), \
+            self.permissions.allowlist
+        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
                  else f"this session: {key}" if key in session else None
                  for key in dict.fromkeys(finding.key for finding in findings)]
         return None if None in where else "; ".join(where)
