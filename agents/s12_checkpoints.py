@@ -1366,7 +1366,8 @@ def approve_command(command: str, findings: list[Finding],
     "deny". Cached approvals first, then the smart reviewer (mode smart), then the person
     at the terminal. Only "session" and "always" are remembered."""
     context = context or approval_context()
-    if context.all_approved(findings):
+    if cached := context.cached_approval(findings):   # said, like YOLO's and the reviewer's
+        show_approval_note(f"[approved without asking: {cached}]")
         return "once"
     if context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -1443,9 +1444,15 @@ class ApprovalContext:
         """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
         return ask_human(self, command, findings, choices)
 
-    def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | self.permissions.allowlist
-        return all(finding.key in approved for finding in findings)
+    def cached_approval(self, findings: list[Finding]) -> str | None:
+        """Where each finding was approved before ("allowlist.json: KEY; this session:
+        KEY"), or None if one of them was not."""
+        session, allowlist = self.permissions.approved_in(self.session_id), \
+            self.permissions.allowlist
+        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
+                 else f"this session: {key}" if key in session else None
+                 for key in dict.fromkeys(finding.key for finding in findings)]
+        return None if None in where else "; ".join(where)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
@@ -1503,6 +1510,13 @@ def described(findings: list[Finding]) -> str:
 def show_approval_note(line: str, style: str = "yellow") -> None:
     err_console.print(Text(line, style=style))
 
+
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`, as the note of a cached approval names it (s11:
+    config.yaml's command_allowlist is one too)."""
+    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
+        else ALLOWLIST_FILE
+
 # ── [s09] Approval details ──────────────────────────────────────────────────
 
 SMART_REVIEW_MAX_TOKENS = 16            # one word is the whole answer
@@ -1519,6 +1533,9 @@ NO_TERMINAL = ("no terminal to ask on (input is not a TTY), and an unattended ru
                "dangerous tier unless --yolo or --approval-mode off")
 
 
+ENTER_ALONE = "no choice was typed (Enter alone denies)"
+
+
 class NoAnswer(Exception):
     """The prompt got no answer: no terminal, end of input, or the time ran out."""
 
@@ -1529,12 +1546,16 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
-    was_armed, why = CtrlC.armed, "the user answered deny"
+    if context.read_answer is no_terminal:  # no prompt that nobody can answer
+        show_approval_note(f"denied: {NO_TERMINAL}", style="red")
+        return "deny", NO_TERMINAL
+    was_armed = CtrlC.armed
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
-        while (choice := parse_choice(context.read_answer(deadline), choices)) is None:
+        while (choice := parse_choice(answer := context.read_answer(deadline), choices)) is None:
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
+        why = "the user answered deny" if answer.strip() else ENTER_ALONE
     except (NoAnswer, KeyboardInterrupt) as exc:
         # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
         # why; armed again, a second Ctrl-C cancels the turn as usual.
@@ -1570,6 +1591,18 @@ def visible(text: str) -> str:
     """`text` with what a terminal would not print as it is shown as escapes (\\x1b,
     \\u202e …): a command must not hide or reorder its own text on your terminal."""
     return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
+
+
+def terminal_reader():
+    """How main() reaches a person: the terminal, or without one (a pipe, a script, CI)
+    no_terminal, so that ask_human() denies without a prompt that nobody can answer."""
+    return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() \
+        else no_terminal
+
+
+def no_terminal(deadline: float) -> str:
+    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
+    raise NoAnswer(NO_TERMINAL)
 
 
 def read_terminal_answer(deadline: float) -> str:
@@ -3324,6 +3357,10 @@ CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
     """A store, or None with one warning: a broken database must not stop the agent."""
+    if path.parent.exists() and not path.parent.is_dir():   # no state can be kept at all
+        err_console.print(Text(f"error: LEARN_HERMES_HOME ({path.parent}) is a file, not a "
+                               f"folder: point it at a folder", style="red"))
+        raise SystemExit(1)                 # before anything runs, nothing changed
     try:
         return SessionStore(path, use_fts)
     except (sqlite3.Error, OSError) as exc:
@@ -3462,7 +3499,9 @@ SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
@@ -4270,7 +4309,7 @@ def main(argv=None) -> int:
     session.delegation = delegation_settings_from_config(config)
     use_checkpoints(checkpoints_from_config(config))       # s12
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)
@@ -4582,12 +4621,6 @@ COMMANDS["/permissions"] = show_permissions
 
 
 STUB_RM = '#!/bin/sh\necho "stub rm: $*"\n'     # the demo's rm: it only prints its arguments
-
-
-def no_terminal(deadline: float) -> str:
-    """The demo's reader: nobody answers, as in a script, even when the demo runs in a
-    terminal."""
-    raise NoAnswer(NO_TERMINAL)
 
 
 def enter_demo_folder(root: Path) -> None:

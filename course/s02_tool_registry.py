@@ -233,7 +233,9 @@ SEARCH_TIMEOUT = 10                     # seconds for one search_files call, wal
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
@@ -256,7 +258,9 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")

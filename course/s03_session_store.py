@@ -514,6 +514,10 @@ def like_snippet(text: str, word: str, width: int = 60) -> str:
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
     """A store, or None with one warning: a broken database must not stop the agent."""
+    if path.parent.exists() and not path.parent.is_dir():   # no state can be kept at all
+        err_console.print(Text(f"error: LEARN_HERMES_HOME ({path.parent}) is a file, not a "
+                               f"folder: point it at a folder", style="red"))
+        raise SystemExit(1)                 # before anything runs, nothing changed
     try:
         return SessionStore(path, use_fts)
     except (sqlite3.Error, OSError) as exc:

@@ -1240,7 +1240,9 @@ def approve_command(command: str, findings: list[Finding],
     skips the cache and the reviewer, and can only be approved once."""
     context = context or approval_context()
     human_only = any(finding.needs_human for finding in findings)
-    if not human_only and context.all_approved(findings):
+    cached = None if human_only else context.cached_approval(findings)
+    if cached:                      # said, like YOLO's and the smart reviewer's approvals
+        show_approval_note(f"[approved without asking: {cached}]")
         return "once"
     if not human_only and context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -1288,9 +1290,15 @@ class ApprovalContext:
     def uses_smart_review(self) -> bool:
         return self.permissions.mode == "smart"
 
-    def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
-        return all(finding.key in approved for finding in findings)
+    def cached_approval(self, findings: list[Finding]) -> str | None:
+        """Where each finding was approved before, for the note ("allowlist.json: KEY;
+        this session: KEY"), or None if one of them was not."""
+        session, allowlist = self.permissions.approved_in(self.session_id), \
+            allowlist_keys(self.permissions)
+        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
+                 else f"this session: {key}" if key in session else None
+                 for key in dict.fromkeys(finding.key for finding in findings)]
+        return None if None in where else "; ".join(where)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
@@ -1546,7 +1554,7 @@ def main(argv=None) -> int:
     session.recovery = retry_policy_from_args(args, session)
     session.delegation = delegation_settings_from_args(args)
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_args(args), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)

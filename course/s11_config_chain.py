@@ -1415,6 +1415,13 @@ def policy_files() -> list[Path]:
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
 
 
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`, as the note of a cached approval names it (s11:
+    config.yaml's command_allowlist is one too)."""
+    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
+        else ALLOWLIST_FILE
+
+
 #: hardened
 def allowlist_keys(permissions: Permissions) -> set:
     """The file as this run found it, or as an "always" answer saved it. If anything else
@@ -1658,7 +1665,7 @@ def main(argv=None) -> int:
     session.recovery = retry_policy_from_config(config, session)
     session.delegation = delegation_settings_from_config(config)
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)

@@ -1763,7 +1763,7 @@ def main(argv=None) -> int:
     session.delegation = delegation_settings_from_config(config)
     use_checkpoints(checkpoints_from_config(config))       # s12
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_config(config), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)

@@ -198,6 +198,15 @@ def test_read_file_numbers_lines_and_respects_offset_and_limit(stage, workdir):
     assert "error" in json.loads(stage.read_file("f.txt", limit=stage.MAX_READ_LINES + 1))
 
 
+def test_read_file_says_a_missing_path_does_not_exist(stage, workdir):
+    """`read nonexistent.txt` said "not a file" (issue 23): a missing path is no such file,
+    a folder is still not a file."""
+    (workdir / "folder").mkdir()
+    assert json.loads(stage.read_file("nonexistent.txt")) == {
+        "error": "no such file: nonexistent.txt"}
+    assert json.loads(stage.read_file("folder"))["error"].startswith("not a file: folder")
+
+
 def test_read_file_is_capped(stage, workdir):
     (workdir / "big.txt").write_text("x\n" * (stage.MAX_READ_LINES + 50))
     result = json.loads(stage.read_file("big.txt"))

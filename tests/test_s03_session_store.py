@@ -602,3 +602,16 @@ def test_six_quick_ctrl_cs_cancel_once_and_the_session_stays_valid(stage_name, t
     assert pairing_problems(messages) == []
     results = [m["content"] for m in messages if m["role"] == "tool"]
     assert "interrupted" in results[0] and "alive" in results[-1] and len(results) == 2
+
+
+def test_a_state_home_that_is_a_file_is_named_in_one_line(stage, tmp_path):
+    """LEARN_HERMES_HOME pointing at a file gave "[Errno 17] File exists" (issue 23): one
+    line says what is wrong, nothing runs and the file is left as it was."""
+    home = tmp_path / "notes.txt"
+    home.write_text("my notes\n")
+    result = run_main(stage, "--offline", "-p", "$ echo ran",
+                      env=clean_env(LEARN_HERMES_HOME=str(home)))
+    assert result.returncode == 1 and "ran" not in result.stdout
+    assert result.stderr == (f"error: LEARN_HERMES_HOME ({home}) is a file, not a folder: "
+                             f"point it at a folder\n")
+    assert home.read_text() == "my notes\n"

@@ -104,8 +104,8 @@ def loop(stage, monkeypatch, turns, *argv, answers=(), env=None, stdin="", real_
     """-p through main() against the fake server, the prompt answered by `answers` (or,
     with real_prompt, by the stage's own prompt on a piped stdin: never a TTY)."""
     reader = Answers(*answers)
-    if not real_prompt:
-        monkeypatch.setattr(stage, "read_terminal_answer", reader)
+    if not real_prompt:                     # as if on a terminal, where `reader` answers
+        monkeypatch.setattr(stage, "terminal_reader", lambda: reader)
     with FakeOpenAI(turns) as server:
         result = run_main(stage, "-p", "go", *argv, stdin=stdin,
                           env=clean_env(OPENAI_BASE_URL=server.url, **(env or {})))
@@ -141,12 +141,13 @@ def test_each_answer_through_the_real_loop(stage, monkeypatch, work, home, answe
         assert json.loads(tool_result)["output"] == "stub rm\n"
     else:
         refusal = json.loads(tool_result)
-        assert refusal["refused"] is True and refusal["error"].startswith(
-            "denied: the user answered deny.")
+        why = "no choice was typed (Enter alone denies)" if answer == "" \
+            else "the user answered deny"
+        assert refusal["refused"] is True and refusal["error"].startswith(f"denied: {why}.")
         assert "Nothing was executed." in refusal["error"]
     assert "approval needed" in result.stderr and "rm -rf build" in result.stderr
     told = "approved: " + stage.parse_choice(answer, stage.APPROVAL_CHOICES) if runs \
-        else "denied: the user answered deny"
+        else f"denied: {why}"
     assert result.stderr.endswith(told + "\n")
     assert pairing_problems(server.requests[-1]["messages"]) == []
     saved = home / "allowlist.json"
@@ -711,7 +712,17 @@ def test_a_piped_repl_denies_and_keeps_reading(stage, work, tmp_path):
     denial = repl_output(result.stdout, f"{stage.STAGE}> ", "$ rm -rf build")
     assert "    denied: no terminal to ask on (input is not a TTY)" in denial
     assert "    [refused]" in denial
+    # No prompt that nobody can answer: one line says why it was denied (issue 23).
+    assert "Choice [" not in result.stderr and "approval needed" not in result.stderr
+    assert f"denied: {stage.NO_TERMINAL}" in result.stderr.replace("\n", " ")
     assert "\n    next\n" in result.stdout and marks(work) == []
+
+
+@pytest.mark.parametrize("stage_name", ["s09_permission_system", "hardened/s09_permission_system"])
+def test_the_demo_shows_no_prompt_that_nobody_can_answer(stage_name):
+    result = run_main(stage_name, "--demo")
+    assert result.returncode == 0 and "Choice [" not in result.stderr
+    assert "denied: no terminal to ask on" in result.stderr
 
 
 def test_unattended_prompt_runs_deny_unless_yolo_or_off(stage, work):
@@ -985,6 +996,20 @@ def test_always_counts_at_once_for_every_session_of_this_run(stage, gate, work, 
     other = Answers()
     assert gate("rm -rf b", other, permissions, FakeSession("other")) is None
     assert other.asked == 0 and marks(work) == ["rm -rf a", "rm -rf b"]
+
+
+def test_an_approval_from_the_cache_says_which_cache_and_key(stage, gate, work, home, capsys):
+    """Like YOLO and the smart reviewer, a cached approval prints a note (issue 23)."""
+    permissions, key = stage.Permissions(), keys(stage, "chmod -R 777 a")[0]
+    assert gate("chmod -R 777 a", Answers("s"), permissions) is None
+    capsys.readouterr()
+    assert gate("chmod -R 777 b", Answers(), permissions) is None       # the session set
+    assert f"[approved without asking: this session: {key}]" in capsys.readouterr().err
+    assert gate("chmod -R 777 c", Answers("a"), permissions, FakeSession("s2")) is None
+    capsys.readouterr()
+    assert gate("chmod -R 777 d", Answers(), stage.Permissions(), FakeSession("new")) is None
+    assert f"[approved without asking: allowlist.json: {key}]" in capsys.readouterr().err
+    assert marks(work) == [f"chmod -R 777 {name}" for name in "abcd"]
 
 
 @pytest.mark.hardening

@@ -1302,6 +1302,9 @@ def test_hardline_and_self_protection_come_before_the_deny_rules(stage, home, wo
 # ── command_allowlist ─────────────────────────────────────────────────────
 
 def test_command_allowlist_is_merged_with_allowlist_json(stage, home, work):
+    def found_keys(command):                # in the order the gate's note names them
+        return list(dict.fromkeys(f.key for f in stage.detect_dangerous_command(command)))
+    rm, chmod = "rm -rf build", "chmod -R 777 build"
     rm_keys = sorted(f.key for f in stage.detect_dangerous_command("rm -rf build"))
     chmod_keys = sorted(f.key for f in stage.detect_dangerous_command("chmod -R 777 build"))
     assert rm_keys and chmod_keys and not set(rm_keys) & set(chmod_keys)
@@ -1310,9 +1313,13 @@ def test_command_allowlist_is_merged_with_allowlist_json(stage, home, work):
     turns = [reply("", call("terminal", {"command": "rm -rf build"}, "c0"),
                    call("terminal", {"command": "chmod -R 777 build"}, "c1"),
                    call("terminal", {"command": "git reset --hard"}, "c2")), reply("done")]
-    _, server = agent_run(stage, turns)
+    result, server = agent_run(stage, turns)
     found = results(server)
     assert found["c0"]["output"] == "stub rm\n"                 # from config.yaml
+    notes = [line for line in result.stderr.splitlines() if "without asking" in line]
+    assert notes == [f"[approved without asking: {'; '.join(where + key for key in keys)}]"
+                     for where, keys in (("config.yaml command_allowlist: ", found_keys(rm)),
+                                         ("allowlist.json: ", found_keys(chmod)))]
     assert found["c1"]["output"] == "stub chmod\n"              # from allowlist.json
     assert found["c2"]["error"].startswith("denied: no terminal to ask on")    # from neither
     assert marks(work) == ["rm -rf build", "chmod -R 777 build"]

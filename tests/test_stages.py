@@ -112,8 +112,7 @@ DEMO_PROMISES = {
     "s09_permission_system": [
         "s09> $ mkdir -p build/cache && ls -F\n  → terminal {\"command\": \"mkdir -p build/cache "
         "&& ls -F\"}\n  ← exit 0\n    build/",
-        "approval needed",
-        "[o]nce [s]ession [a]lways [d]eny",
+        "\ndenied: no terminal to ask on (input is not a TTY)",    # and no prompt (issue 23)
         "    denied: no terminal to ask on (input is not a TTY)",
         "build still exists: True",
         "[approved without asking: YOLO is on (--yolo);",

@@ -1547,6 +1547,10 @@ def like_snippet(text: str, word: str, width: int = 60) -> str:
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
     """A store, or None with one warning: a broken database must not stop the agent."""
+    if path.parent.exists() and not path.parent.is_dir():   # no state can be kept at all
+        err_console.print(Text(f"error: LEARN_HERMES_HOME ({path.parent}) is a file, not a "
+                               f"folder: point it at a folder", style="red"))
+        raise SystemExit(1)                 # before anything runs, nothing changed
     try:
         return SessionStore(path, use_fts)
     except (sqlite3.Error, OSError) as exc:
@@ -1691,7 +1695,9 @@ SEARCH_TIMEOUT = 10                     # seconds for one search_files call, wal
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")

@@ -3549,7 +3549,9 @@ def approve_command(command: str, findings: list[Finding],
     skips the cache and the reviewer, and can only be approved once."""
     context = context or approval_context()
     human_only = any(finding.needs_human for finding in findings)
-    if not human_only and context.all_approved(findings):
+    cached = None if human_only else context.cached_approval(findings)
+    if cached:                      # said, like YOLO's and the smart reviewer's approvals
+        show_approval_note(f"[approved without asking: {cached}]")
         return "once"
     if not human_only and context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -3641,9 +3643,15 @@ class ApprovalContext:
     def uses_smart_review(self) -> bool:
         return self.permissions.mode == "smart"
 
-    def all_approved(self, findings: list[Finding]) -> bool:
-        approved = self.permissions.approved_in(self.session_id) | allowlist_keys(self.permissions)
-        return all(finding.key in approved for finding in findings)
+    def cached_approval(self, findings: list[Finding]) -> str | None:
+        """Where each finding was approved before, for the note ("allowlist.json: KEY;
+        this session: KEY"), or None if one of them was not."""
+        session, allowlist = self.permissions.approved_in(self.session_id), \
+            allowlist_keys(self.permissions)
+        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
+                 else f"this session: {key}" if key in session else None
+                 for key in dict.fromkeys(finding.key for finding in findings)]
+        return None if None in where else "; ".join(where)
 
     def remember(self, choice: str, findings: list[Finding]) -> str:
         """Store a "session" or "always" answer; returns what was stored in the end (an
@@ -3710,6 +3718,11 @@ def described(findings: list[Finding]) -> str:
 def show_approval_note(line: str, style: str = "yellow") -> None:
     err_console.print(Text(line, style=style))
 
+
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`, as the note of a cached approval names it."""
+    return ALLOWLIST_FILE
+
 # ── [s09] Approval details ──────────────────────────────────────────────────
 
 MAX_SHOWN_COMMAND_CHARS = 2_000         # the prompt shows this much of a long command
@@ -3728,6 +3741,9 @@ NO_TERMINAL = ("no terminal to ask on (input is not a TTY), and an unattended ru
                "dangerous tier unless --yolo or --approval-mode off")
 
 
+ENTER_ALONE = "no choice was typed (Enter alone denies)"
+
+
 class NoAnswer(Exception):
     """The prompt got no answer: no terminal, end of input, or the time ran out."""
 
@@ -3738,12 +3754,16 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
     within the same time limit; Enter alone, silence, end of input and Ctrl-C deny."""
     if context.read_answer is None:
         return "deny", "nobody can be asked here (no human channel)"
+    if context.read_answer is no_terminal:  # no prompt that nobody can answer
+        show_approval_note(f"denied: {NO_TERMINAL}", style="red")
+        return "deny", NO_TERMINAL
     was_armed = CtrlC.armed
     try:
         show_approval_panel(command, findings, choices, context.permissions.timeout)
         deadline = time.monotonic() + context.permissions.timeout
         while True:
-            choice = parse_choice(context.read_answer(deadline), choices)
+            answer = context.read_answer(deadline)
+            choice = parse_choice(answer, choices)
             if choice is not None:
                 break
             show_approval_note(f"answer {'/'.join(c[0] for c in choices)} and Enter")
@@ -3757,7 +3777,7 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
         err_console.print()
         choice, why = "deny", "the user pressed Ctrl-C at the prompt"
     else:
-        why = "the user answered deny"
+        why = "the user answered deny" if answer.strip() else ENTER_ALONE
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
                        style="red" if choice == "deny" else "green")
     return choice, why if choice == "deny" else ""
@@ -3813,6 +3833,18 @@ def is_hidden(character: str) -> bool:
     return character != "\n" and (category in HIDDEN_CATEGORIES or character in BLANK_LOOKING
                                   or (category == "Zs" and character != " ")
                                   or "VARIATION SELECTOR" in unicodedata.name(character, ""))
+
+
+def terminal_reader():
+    """How main() reaches a person: the terminal, or without one (a pipe, a script, CI)
+    no_terminal, so that ask_human() denies without a prompt that nobody can answer."""
+    return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() \
+        else no_terminal
+
+
+def no_terminal(deadline: float) -> str:
+    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
+    raise NoAnswer(NO_TERMINAL)
 
 
 def read_terminal_answer(deadline: float) -> str:
@@ -7052,6 +7084,10 @@ def like_snippet(text: str, word: str, width: int = 60) -> str:
 
 def open_store(path: Path, use_fts: bool = True) -> SessionStore | None:
     """A store, or None with one warning: a broken database must not stop the agent."""
+    if path.parent.exists() and not path.parent.is_dir():   # no state can be kept at all
+        err_console.print(Text(f"error: LEARN_HERMES_HOME ({path.parent}) is a file, not a "
+                               f"folder: point it at a folder", style="red"))
+        raise SystemExit(1)                 # before anything runs, nothing changed
     try:
         return SessionStore(path, use_fts)
     except (sqlite3.Error, OSError) as exc:
@@ -7196,7 +7232,9 @@ SEARCH_TIMEOUT = 10                     # seconds for one search_files call, wal
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.is_file():
+    if not target.exists():
+        return error_result(f"no such file: {path}")
+    if not target.is_file():                # a folder, a device …
         return error_result(f"not a file: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
@@ -8292,7 +8330,7 @@ def main(argv=None) -> int:
     session.recovery = retry_policy_from_args(args, session)
     session.delegation = delegation_settings_from_args(args)
     approvals = APPROVAL_CONTEXT.set(ApprovalContext(permissions_from_args(args), session,
-                                                     read_terminal_answer))
+                                                     terminal_reader()))
     try:
         if args.demo:
             return run_demo(session)
@@ -8712,12 +8750,6 @@ def existing_folder(text: str) -> Path:
 
 
 STUB_RM = '#!/bin/sh\necho "stub rm: $*"\n'     # the demo's rm: it only prints its arguments
-
-
-def no_terminal(deadline: float) -> str:
-    """The demo's reader: nobody answers, as in a script, even when the demo runs in a
-    terminal."""
-    raise NoAnswer(NO_TERMINAL)
 
 
 def enter_demo_folder(root: Path) -> None:
