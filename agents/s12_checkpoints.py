@@ -818,7 +818,8 @@ DELEGATE_BLOCKED_TOOLS = frozenset({"delegate_task", "memory", "skill_manage",
 PARENT_RESERVE = 1                      # shared budget: calls children leave for the parent
 CHILD_BUDGET_MODES = ("shared", "independent")  # --child-budget
 CHILD_APPROVALS = ("deny", "once")      # --child-approvals: a child's dangerous commands
-CHILD_STATUSES = ("completed", "iteration_limit", "budget_exhausted", "error", "interrupted")
+CHILD_STATUSES = ("completed", "failed", "iteration_limit", "budget_exhausted", "error",
+                  "interrupted")
 HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
 HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
 PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
@@ -834,6 +835,9 @@ CHILD_SYSTEM_PROMPT = (
 DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
 # Set in a child's thread: the event its parent sets to stop it (Ctrl-C).
 STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
+
+# Held while a child reports and while Ctrl-C stops the children: no line after the tree ends.
+PROGRESS_LOCK = threading.Lock()
 
 
 def delegate_task(goal: str | None = None, context: str | None = None,
@@ -888,12 +892,13 @@ class Child:
         self.stop, self.finished = threading.Event(), threading.Event()  # stop: Ctrl-C
         shared = parent.budget if parent.session.delegation.budget_mode == "shared" else None
         self.budget = ChildBudget(shared, self.stop)
-        self.tool_calls, self.result = 0, None
+        self.tool_calls, self.succeeded, self.result = 0, 0, None
 
     def emit(self, event: str, **data) -> None:
-        if not self.stop.is_set():              # after Ctrl-C the parent has moved on
-            self.parent.on_progress({"event": event, "index": self.index,
-                                     "count": self.count, **data})
+        with PROGRESS_LOCK:                     # a line is printed before Ctrl-C or not at all
+            if not self.stop.is_set():          # after Ctrl-C the parent has moved on
+                self.parent.on_progress({"event": event, "index": self.index,
+                                         "count": self.count, **data})
 
 
 class ChildBudget:
@@ -974,11 +979,22 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
             parent.touch(f"{len(children)} sub-agent(s) working, "
                          f"{sum(child.budget.used for child in children)} model call(s) so far")
     except BaseException:                       # Ctrl-C, or a thread that could not start
-        for child in children:
-            child.stop.set()                    # a running command still ends on its own
+        with PROGRESS_LOCK:                     # no child's line after the closing line
+            for child in children:
+                child.stop.set()                # a running command still ends on its own
+        close_tree(parent, children, stopped=True)
         raise
+    close_tree(parent, children)
     return [child.result or child_result(child, "error", "", "the sub-agent failed")
             for child in children]
+
+
+def close_tree(parent: Delegator, children: list, stopped: bool = False) -> None:
+    """The progress tree's one closing line, last: no child reports any more."""
+    done = sum(bool(child.result) and child.result["status"] == "completed"
+               for child in children)
+    parent.on_progress({"event": "closed", "count": len(children), "completed": done,
+                        "stopped": stopped})
 
 
 class DelegationSettings:
@@ -1114,8 +1130,9 @@ def child_event_handler(child: Child):
             child.tool_calls += 1
             child.emit("tool_started", tool=data["name"], preview=call_preview(data["arguments"]))
         elif kind == "tool_result":
-            child.emit("tool_finished", tool=data["name"],
-                       outcome=classify_tool_result(data["name"], data["result"]))
+            outcome = classify_tool_result(data["name"], data["result"])
+            child.succeeded += outcome in ("ok", "landed")
+            child.emit("tool_finished", tool=data["name"], outcome=outcome)
     return on_event
 
 
@@ -1136,6 +1153,8 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     """(status, answer, note) once the child's loop has returned."""
     last = child.messages[-1] if child.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
+        if not child.succeeded and (child.tool_calls or not stopped):   # achieved nothing
+            return "failed", stopped, "no tool call succeeded" if child.tool_calls else "no answer"
         return "completed", stopped, ""
     if child.stop.is_set():
         return "interrupted", "", "stopped by the user (Ctrl-C)"
@@ -4664,8 +4683,9 @@ def demo_nobody_to_ask(session: Session) -> None:
 
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
-    [1], [2], [3] when several children run at once."""
-    tag, kind = f"[{event['index']}] " if event["count"] > 1 else "", event["event"]
+    [1], [2], [3] when several children run at once. Children finish in any order, so
+    only run_children()'s "closed" event, last, draws the closing └─."""
+    tag, kind = f"[{event.get('index')}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
     elif kind == "tool_started":
@@ -4673,8 +4693,12 @@ def show_child_event(event: dict) -> None:
     elif kind == "tool_finished" and event["outcome"] not in ("ok", "landed"):
         line = f"├─ {tag}{preview(event['tool'])}: {event['outcome']}"
     elif kind == "finished":
-        line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
+        line = (f"├─ {tag}{event['status']} after {event['model_calls']} model call(s): "
                 f"{visible(first_line(event['answer'], 100))}")
+    elif kind == "closed":
+        if event["stopped"]:                    # the terminal echoed ^C: start a fresh line
+            console.print()
+        line = f"└─ {event['completed']} of {event['count']} sub-agent(s) completed"
     else:
         return
     console.print(Text("    " + line, style="magenta"))

@@ -207,7 +207,9 @@ def test_a_child_gets_the_toolsets_it_asks_for_minus_the_blocked_tools(stage, wo
     plain = child_requests(stage, server, "plain")[0]
     assert offered(plain) == names_in(stage, session.tools, ("terminal", "file"))
     store.db.close()
-    assert [c["status"] for c in delegation_result(session)["children"]] == ["completed"] * 2
+    # Every call of "asks" was refused: it achieved nothing, whatever it answered.
+    assert [c["status"] for c in delegation_result(session)["children"]] == ["failed",
+                                                                             "completed"]
 
 
 def test_a_child_starts_with_its_goal_and_a_short_prompt_only(stage, work, home):
@@ -270,7 +272,7 @@ def test_a_long_answer_is_cut_at_24000_characters_with_a_marker(stage, work, pro
     shown = "x" * 100 + "…"                         # the tree and the summary: one short line
     assert [e["answer"] for e in progress.of("finished") if e["index"] == 1] == [shown]
     lines = capsys.readouterr().out.splitlines()
-    assert f"    └─ [1] completed after 1 model call(s): {shown}" in lines
+    assert f"    ├─ [1] completed after 1 model call(s): {shown}" in lines
     assert f"    [1] completed: {shown}" in lines
 
 
@@ -643,7 +645,8 @@ def test_a_childs_command_that_changes_the_agents_memory_is_undone(stage, work, 
 def test_a_childs_broken_call_or_failing_endpoint_never_stops_the_parent(stage, work):
     def children(goal, calls):
         if goal == "broken":
-            return [reply("", call("terminal", "{not json")), reply("recovered")][calls]
+            return [reply("", call("terminal", "{not json")),
+                    reply("", call("terminal", {"command": "true"})), reply("recovered")][calls]
         if goal == "unauthorised":
             return http_error(401, "Incorrect API key provided")
         return reply("", call("n" * 400, {}))       # "confused": only invalid calls
@@ -709,7 +712,8 @@ def test_the_progress_tree_tags_children_only_when_several_run(stage, work, caps
         assert run(stage, agent(stage, server))
     lines = capsys.readouterr().out.splitlines()
     for line in ("    ├─ sub-agent started: alone", "    ├─ terminal ls", f"    ├─ terminal {sixty}",
-                 "    ├─ terminal: error", "    └─ completed after 2 model call(s): done alone",
+                 "    ├─ terminal: error", "    ├─ completed after 2 model call(s): done alone",
+                 "    └─ 1 of 1 sub-agent(s) completed",
                  "  ←", "    [1] completed: done alone",
                  "    3 of 30 model calls of this turn used (shared budget: children's calls "
                  "count)"):
@@ -720,13 +724,57 @@ def test_the_progress_tree_tags_children_only_when_several_run(stage, work, caps
     lines = capsys.readouterr().out.splitlines()
     shown = long_command[:59] + "…"
     for line in ("    ├─ [1] sub-agent started: first", "    ├─ [2] sub-agent started: second",
-                 f"    ├─ [1] terminal {shown}", "    └─ [1] completed after 2 model call(s): "
-                 "done first", "    └─ [2] completed after 2 model call(s): done second"):
+                 f"    ├─ [1] terminal {shown}", "    ├─ [1] completed after 2 model call(s): "
+                 "done first", "    ├─ [2] completed after 2 model call(s): done second",
+                 "    └─ 2 of 2 sub-agent(s) completed"):
         assert line in lines
     previews = [event["preview"] for event in progress.of("tool_started")]
     assert shown in previews and len(shown) == 60
     assert not any("\x1b" in text for text in previews)
     assert {(e["index"], e["count"]) for e in progress.of("started")} == {(1, 1), (1, 2), (2, 2)}
+
+
+def tree_of(out: str) -> list[str]:
+    """The progress tree's lines (and blank lines) in printed output."""
+    return [line for line in out.splitlines() if line.startswith(("    ├─", "    └─"))
+            or not line.strip()]
+
+
+def assert_well_formed(tree: list[str]) -> None:
+    """One closing line └─, the last: no ├─ after it, whatever order the children ran in."""
+    closing = [i for i, line in enumerate(tree) if line.startswith("    └─")]
+    assert closing == [len(tree) - 1], "\n".join(tree)
+
+
+def test_the_tree_closes_once_after_all_children_and_no_success_is_a_failure(stage, work,
+                                                                            capsys, progress):
+    """Child 1 goes on after child 2 has finished, so child 2's last line is mid-tree. A
+    child whose only call failed, and one with no call and no answer, achieved nothing."""
+    other_finished = lambda: progress.wait_for(lambda events: any(
+        e["event"] == "finished" and e["index"] == 2 for e in events))
+    children = script({"cannot": [reply("", call("delegate_task", {"goal": "x"})),
+                                  reply("I could not")],
+                       "silent": [reply("")]})
+    works = [reply("", call("terminal", {"command": "echo ok"})), reply("done")]
+
+    def answers(goal, calls):
+        if goal == "works":
+            return other_finished() and works[calls]
+        return children(goal, calls)
+    tasks = [{"goal": "works"}, {"goal": "cannot"}, {"goal": "silent"}]
+    with FakeOpenAI(responder=endpoint(stage, delegating(tasks=tasks), answers)) as server:
+        session = agent(stage, server)
+        assert run(stage, session)
+    out = capsys.readouterr().out
+    tree = tree_of(out)
+    assert_well_formed(tree)
+    assert tree[-1] == "    └─ 1 of 3 sub-agent(s) completed"
+    assert "    ├─ [2] failed after 2 model call(s): I could not" in tree
+    statuses = [child["status"] for child in delegation_result(session)["children"]]
+    assert statuses == ["completed", "failed", "failed"]
+    assert sorted((e["index"], e["status"]) for e in progress.of("finished")) == [
+        (1, "completed"), (2, "failed"), (3, "failed")]
+    assert "    [2] failed: I could not" in out.splitlines()
 
 
 def waiting_child(go_file, before_first=lambda: None):
@@ -928,7 +976,7 @@ def ctrl_c_when(ready, sent: dict) -> threading.Thread:
 
 
 def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, work, progress,
-                                                                       ctrl_c_raises):
+                                                                       ctrl_c_raises, capsys):
     """Both editions: the turn ends at once with every call answered, and a child whose
     command was running makes no model call and runs no tool after it (the teaching
     edition lets the command end on its own; the hardened one kills it)."""
@@ -952,6 +1000,10 @@ def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, w
         assert len(server.requests) == 3                # no model call after Ctrl-C
         assert len(progress.events) == reported, "a stopped child still reported progress"
     assert stopped_after < 2, "Ctrl-C waited for the children's commands"
+    tree = tree_of(capsys.readouterr().out)     # the terminal echoes ^C after the last line:
+    assert_well_formed(tree)                    # what follows starts on a fresh line
+    assert tree[4] == "" and len(tree) > 5 and all(tree[5:]), tree
+    assert tree[-1] == "    └─ 0 of 2 sub-agent(s) completed"
     assert not (work / "later.out").exists()
     assert pairing_problems(session.messages) == []
     assert session.messages[-1]["tool_call_id"] == "d1" \
@@ -1109,8 +1161,9 @@ def test_a_real_process_ctrl_c_stops_the_children_and_keeps_the_repl(tmp_path):
         type_line(proc, b"/quit")
         out, err = (text.decode("utf-8") for text in proc.communicate(timeout=60))
         assert proc.returncode == 0 and "Traceback" not in out + err, err
-        assert "[turn cancelled]" in out and "└─ [1] interrupted after 1 model call(s)" in out
-        assert "└─ [2] interrupted after 1 model call(s)" in out
+        assert "[turn cancelled]" in out and "├─ [1] interrupted after 1 model call(s)" in out
+        assert "├─ [2] interrupted after 1 model call(s)" in out
+        assert "\n    └─ 0 of 2 sub-agent(s) completed\n" in out
         assert (tmp_path / "after.txt").read_text() == "after\n"
         assert all(dies_soon(pid) for pid in pids), "Ctrl-C left a child's command running"
     finally:

@@ -697,7 +697,8 @@ DELEGATE_BLOCKED_TOOLS = frozenset({"delegate_task", "memory", "skill_manage",
 PARENT_RESERVE = 1                      # shared budget: calls children leave for the parent
 CHILD_BUDGET_MODES = ("shared", "independent")  # --child-budget
 CHILD_APPROVALS = ("deny", "once")      # --child-approvals: a child's dangerous commands
-CHILD_STATUSES = ("completed", "iteration_limit", "budget_exhausted", "error", "interrupted")
+CHILD_STATUSES = ("completed", "failed", "iteration_limit", "budget_exhausted", "error",
+                  "interrupted")
 HEARTBEAT_INTERVAL = 30.0               # seconds between heartbeats (--heartbeat-interval)
 HEARTBEAT_STALE_BEATS = 15              # beats without progress before the heartbeat stops
 PREVIEW_CHARS = 60                      # of a goal or a tool call, the progress tree shows this
@@ -762,18 +763,19 @@ class Child:
         self.client, self.model = parent.session.client, parent.session.model
         self.stop = threading.Event()           # set by the parent: Ctrl-C
         self.finished = threading.Event()
-        self.lock = threading.Lock()            # its last report, or the parent giving up
+        self.lock = threading.RLock()           # its reports, or the parent giving up
         shared = parent.budget if parent.session.delegation.budget_mode == "shared" else None
         self.budget = ChildBudget(shared, self.stop)
-        self.tool_calls, self.current_tool = 0, None
+        self.tool_calls, self.succeeded, self.current_tool = 0, 0, None
         self.abandoned = False                  # the parent stopped waiting for it
         self.result: dict | None = None
         self.crash = "its thread ended without a result"
 
     def emit(self, event: str, **data) -> None:
-        if not self.abandoned:
-            self.parent.on_progress({"event": event, "index": self.index,
-                                     "count": self.count, **data})
+        with self.lock:                         # once abandoned, no line after the tree's end
+            if not self.abandoned:
+                self.parent.on_progress({"event": event, "index": self.index,
+                                         "count": self.count, **data})
 
 
 class ChildBudget:
@@ -859,11 +861,24 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
             while not child.finished.wait(0.1):     # a Ctrl-C arrives between two waits
                 pass
     except BaseException:                       # Ctrl-C, or a thread that could not start
-        stop_children(children)
+        try:
+            parent.on_progress({"event": "stopping", "count": len(children)})
+        finally:
+            stop_children(children)
+        close_tree(parent, children, stopped=True)
         raise
+    close_tree(parent, children)
     return [child.result or child_result(child, "error", "", f"the sub-agent failed: "
                                                              f"{child.crash}")
             for child in children]
+
+
+def close_tree(parent: Delegator, children: list, stopped: bool = False) -> None:
+    """The progress tree's one closing line, last: no child reports any more."""
+    done = sum(bool(child.result) and child.result["status"] == "completed"
+               for child in children)
+    parent.on_progress({"event": "closed", "count": len(children), "completed": done,
+                        "stopped": stopped})
 
 
 class DelegationSettings:
@@ -1000,8 +1015,9 @@ def child_event_handler(child: Child):
             child.emit("tool_started", tool=data["name"], preview=call_preview(data["arguments"]))
         elif kind == "tool_result":
             child.current_tool = None
-            child.emit("tool_finished", tool=data["name"],
-                       outcome=classify_tool_result(data["name"], data["result"]))
+            outcome = classify_tool_result(data["name"], data["result"])
+            child.succeeded += outcome in ("ok", "landed")     # child_outcome() asks
+            child.emit("tool_finished", tool=data["name"], outcome=outcome)
     return on_event
 
 
@@ -1022,6 +1038,8 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     """(status, answer, note) once the child's loop has returned."""
     last = child.messages[-1] if child.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
+        if not child.succeeded and (child.tool_calls or not stopped):   # achieved nothing
+            return "failed", stopped, "no tool call succeeded" if child.tool_calls else "no answer"
         return "completed", stopped, ""
     partial = partial_answer(child)
     if child.stop.is_set():
@@ -9367,8 +9385,9 @@ def demo_yolo(session: Session) -> None:
 
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
-    [1], [2], [3] when several children run at once."""
-    tag = f"[{event['index']}] " if event["count"] > 1 else ""
+    [1], [2], [3] when several children run at once. Children finish in any order, so
+    every line is a branch ├─ but the one that run_children() closes the tree with."""
+    tag = f"[{event['index']}] " if "index" in event and event["count"] > 1 else ""
     kind, style = event["event"], "magenta"
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
@@ -9386,8 +9405,13 @@ def show_child_event(event: dict) -> None:
                        f"beats"), "yellow"
     elif kind == "finished":
         style = "green" if event["status"] == "completed" else "yellow"
-        line = (f"└─ {tag}{event['status']} after {event['model_calls']} model call(s): "
+        line = (f"├─ {tag}{event['status']} after {event['model_calls']} model call(s): "
                 f"{preview_line(event['answer'])}")
+    elif kind == "stopping":                    # Ctrl-C: the terminal echoed ^C after the
+        console.print()                         # last line, so the rest starts on a new one
+        line, style = f"├─ stopping {event['count']} sub-agent(s)", "yellow"
+    elif kind == "closed":                      # once, after every child's last line
+        line = f"└─ {event['completed']} of {event['count']} sub-agent(s) completed"
     else:
         return
     console.print(Text("    " + line, style=style))
