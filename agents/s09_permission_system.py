@@ -1231,20 +1231,12 @@ RETRY_JITTER = 0.5                      # up to 50 % more, at random: clients th
                                         # do not all come back at the same moment
 MAX_RETRY_AFTER = 60.0                  # the longest wait an endpoint's Retry-After gets from us
 
-# Every category, and whether the same request may work if we simply send it again.
-API_ERROR_RETRYABLE = {
-    "rate_limit": True,                 # 429: too many requests just now
-    "server": True,                     # 5xx: the endpoint is in trouble
-    "timeout": True,                    # no answer in time (or 408)
-    "connection": True,                 # no connection, or it dropped
-    "auth": False,                      # 401, 403: the key is missing, wrong or not allowed
-    "billing": False,                   # 402, or a 429 that says the credit is gone
-    "model_not_found": False,           # 404
-    "context_overflow": False,          # too long for the model: compress, don't resend
-    "tool_choice": False,               # 400: the server refuses tool_choice "auto" (vLLM)
-    "bad_request": False,               # any other 4xx: the request itself is wrong
-    "unknown": False,                   # we cannot tell: do not hammer the endpoint
-}
+# Every category, and whether the same request may work if we simply send it again:
+# only what the endpoint may get over (a rate limit, an outage, a slow or lost answer).
+API_ERROR_RETRYABLE = {"rate_limit": True, "server": True, "timeout": True, "connection": True,
+                       "auth": False, "billing": False, "model_not_found": False,
+                       "context_overflow": False, "tool_choice": False, "bad_request": False,
+                       "unknown": False}   # unknown: we cannot tell, so do not hammer
 
 
 class ApiErrorClass(NamedTuple):

@@ -19,10 +19,8 @@ What this stage adds
                  after_call(): again? ─▶ a warning; one tool failed 8× in a row ─▶ halt
 
 Reading guide
-    Start right below the imports: "[s06] Error recovery" is this stage's lesson, then
-    "[s06] Iteration budget" and "[s06] Tool-call guardrails"; "[s06] Recovery details"
-    holds their helpers (Retry-After, the one-line errors, the guardrails' messages).
-    Earlier stages follow, newest first, then the plumbing and the wiring.
+    This stage's sections come first ("[s06] Recovery details" holds their helpers);
+    earlier stages follow, newest first, then the plumbing and the wiring.
     {changed elsewhere}
 Run
     python agents/s06_error_recovery.py                 # REPL (offline model without a key)
@@ -107,6 +105,16 @@ RETRY_JITTER = 0.5                      # up to 50 % more, at random: clients th
                                         # do not all come back at the same moment
 MAX_RETRY_AFTER = 60.0                  # the longest wait an endpoint's Retry-After gets from us
 
+#: teaching
+# Every category, and whether the same request may work if we simply send it again:
+# only what the endpoint may get over (a rate limit, an outage, a slow or lost answer).
+API_ERROR_RETRYABLE = {"rate_limit": True, "server": True, "timeout": True, "connection": True,
+                       "auth": False, "billing": False, "model_not_found": False,
+                       "context_overflow": False, "tool_choice": False, "bad_request": False,
+                       "unknown": False}   # unknown: we cannot tell, so do not hammer
+
+
+#: hardened
 # Every category, and whether the same request may work if we simply send it again.
 API_ERROR_RETRYABLE = {
     "rate_limit": True,                 # 429: too many requests just now
