@@ -190,10 +190,9 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 
 
 class IterationBudget:
-    """How many model calls the agent loop may make. One budget per user turn, sized
-    by --max-iterations; each call of the loop consumes one unit, auxiliary calls
-    (a summary, a title) none. Thread-safe: later stages share one budget between
-    threads, and two threads that both read "1 left" must not both get it."""
+    """How many model calls one user turn may make (--max-iterations); a summary or a
+    title costs nothing. Thread-safe: later stages share one budget between threads,
+    and two threads that both read "1 left" must not both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
@@ -211,24 +210,20 @@ class IterationBudget:
     def refund(self) -> None:
         """Give one unit back, for a call that should not count; never below zero."""
         with self._lock:
-            if self._used > 0:
-                self._used -= 1
+            self._used = max(0, self._used - 1)
 
     @property
     def used(self) -> int:
-        with self._lock:
-            return self._used
+        return self._used                   # reading one number needs no lock
 
     @property
     def remaining(self) -> int:
-        with self._lock:
-            return max(0, self.max_total - self._used)
+        return max(0, self.max_total - self._used)
 
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
-# (warn from, stop from) for each way a model goes in circles. "Stop" blocks the
-# next such call (it is not run) for exact_failure, and halts the whole turn for
-# same_tool_failure. Counts start at zero every user turn.
+# (warn from, stop from) for each way a model goes in circles, counted per user turn.
+# "Stop" blocks the next such call (not run), or for same_tool_failure halts the turn.
 GUARDRAIL_THRESHOLDS = {
     "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
     "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
@@ -1838,9 +1833,8 @@ DEMO_INPUTS = ["fail rate_limit", "fail server 4", "fail auth", "retry $ ls no-s
 
 
 def run_demo(session: Session) -> int:
-    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. The offline endpoint fails on request; "
-                       f"the demo waits 1/200 of the real backoff, and its fallback is the "
-                       f"model offline-backup.", style="bold"))
+    console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. Waits are 1/200 of the real ones; the "
+                       f"fallback is the model offline-backup.", style="bold"))
     demo = Session(session.client, session.model, session.base_url, session.max_iterations,
                    session.tools, None)             # None: the demo is not saved
     demo.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=session.client,
@@ -2353,43 +2347,38 @@ OFFLINE_FAILURES = {"rate_limit": (429, "rate_limit_exceeded", {"Retry-After": "
                     "auth": (401, "invalid_api_key", {}),
                     "model_not_found": (404, "model_not_found", {}),
                     "context_overflow": (400, "context_length_exceeded", {}),
-                    "bad_request": (400, None, {}), "server": (500, None, {}),
-                    "connection": None}
+                    "bad_request": (400, None, {}), "server": (500, None, {}), "connection": None}
 
 
 def failure_asked(text: str):
     """'fail <kind> [times]' as (kind, times), or the reply that says what is wrong."""
-    words = text.split()
-    kind = words[1] if len(words) > 1 else ""
+    kind, *count = text.split()[1:] or [""]
     if kind not in OFFLINE_FAILURES:
         return f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."
-    if len(words) > 3 or len(words) == 3 and not (words[2].isdecimal() and int(words[2]) > 0):
+    if count and not (len(count) == 1 and count[0].isdecimal() and int(count[0]) > 0):
         return f"fail {kind} how many times? A count of 1 or more, e.g. fail {kind} 3."
-    return kind, int(words[2]) if len(words) == 3 else 1
+    return kind, int(count[0]) if count else 1
 
 
 def offline_failure(request: dict, failures: dict):
     """For 'fail <kind> [times]': the failure to send instead of an answer, until this
-    request has failed `times` times. A request is known by its last message and how
-    often that message was sent, so a retry is the same request. Only the model
-    "offline" fails: a fallback model on the same server (offline-backup) is healthy."""
+    request has failed `times` times. A request is its last message and how often that
+    message was sent, so a retry is the same request. Only the model "offline" fails:
+    a fallback model on the same server (offline-backup) is healthy."""
     messages = request.get("messages") or [{}]
     last = messages[-1] if isinstance(messages[-1], dict) else {}
     text = str(last.get("content"))
-    asked = failure_asked(text) if text.startswith("fail ") else None
+    asked = failure_asked(text) if text.startswith("fail ") else ""
+    key = (text, messages.count(last))
     if request.get("model") != "offline" or last.get("role") != "user" \
-            or not isinstance(asked, tuple):
-        return None
-    key, (kind, times) = (text, messages.count(last)), asked
-    if failures.get(key, 0) >= times:
+            or isinstance(asked, str) or failures.get(key, 0) >= asked[1]:
         return None
     failures[key] = failures.get(key, 0) + 1
-    if OFFLINE_FAILURES[kind] is None:
+    if OFFLINE_FAILURES[asked[0]] is None:
         return "connection"
-    status, code, headers = OFFLINE_FAILURES[kind]
-    error = {"message": f"The offline endpoint failed as asked ({kind}).",
-             "type": "offline_failure", "code": code}
-    return status, {"error": error}, headers
+    status, code, headers = OFFLINE_FAILURES[asked[0]]
+    return status, {"error": {"message": f"The offline endpoint failed as asked ({asked[0]}).",
+                              "type": "offline_failure", "code": code}}, headers
 
 
 def recovery_reply(text: str, counter: list) -> dict:
@@ -2401,31 +2390,27 @@ def recovery_reply(text: str, counter: list) -> dict:
     plan = offline_plan(text.removeprefix("retry ").strip())
     if plan is None or isinstance(plan[1], str):
         return {"content": "retry what? Try: retry $ ls no-such-file"}
-    counter[0] += 1
-    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
-                                           "function": {"name": plan[0],
-                                                        "arguments": json.dumps(plan[1])}}]}
+    return offline_reply([{"role": "user", "content": text.removeprefix("retry ")}], counter)
 
 
 def stubborn_rerun(messages: list, counter: list):
     """After 'retry <input>', like a model stuck in a loop: send the same call again,
     whatever the result. Once a guardrail blocks it, change a terminal command a
     little each time (a comment), so only the same-tool count can stop it."""
-    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
-    calls = (messages[-2].get("tool_calls") if len(messages) > 1 else None) or [{"id": ""}]
-    if not str(messages[start].get("content")).startswith("retry ") \
-            or not calls[0]["id"].startswith("call_retry_"):
+    start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    calls = messages[-2].get("tool_calls") or []
+    if not str(messages[start]["content"]).startswith("retry ") or len(calls) != 1:
         return None
     function = dict(calls[0]["function"])
-    if '"guardrail"' in str(messages[-1].get("content")) or "# attempt" in function["arguments"]:
+    if '"guardrail"' in str(messages[-1]["content"]) or "# attempt" in function["arguments"]:
         if function["name"] != "terminal":
             return None                             # a blocked read: give up and summarise
-        base = json.loads(function["arguments"])["command"].split(" # attempt ")[0]
-        attempt = 1 + sum(m.get("role") == "assistant" for m in messages[start:])  # this turn
-        function["arguments"] = json.dumps({"command": f"{base} # attempt {attempt}"})
+        command = json.loads(function["arguments"])["command"].split(" # attempt ")[0]
+        attempt = 1 + sum(m["role"] == "assistant" for m in messages[start:])  # this turn
+        function["arguments"] = json.dumps({"command": f"{command} # attempt {attempt}"})
     counter[0] += 1
-    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
-                                           "function": function}]}
+    return {"content": "", "tool_calls": [dict(calls[0], id=f"call_retry_{counter[0]}",
+                                               function=function)]}
 
 # ── Wiring: module-level set-up, run once everything above is defined ───────
 
