@@ -387,23 +387,17 @@ def show_recovery_note(line: str) -> None:
     err_console.print(Text(line, style="yellow"))
 
 
-class RetryPolicy:
+class RetryPolicy(NamedTuple):
     """How hard one model call tries. `sleep` and `jitter` are parameters so that
     tests never wait for real; `notify` shows what happens (a line per retry)."""
-
-    def __init__(self, max_retries: int = API_MAX_RETRIES, base_delay: float = RETRY_BASE_DELAY,
-                 max_delay: float = RETRY_MAX_DELAY, fallback_client=None,
-                 fallback_model: str | None = None, sleep: Callable[[float], None] = time.sleep,
-                 jitter: Callable[[], float] = random.random,
-                 notify: Callable[[str], None] = show_recovery_note):
-        self.max_retries = max_retries
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-        self.fallback_client = fallback_client      # None: no fallback
-        self.fallback_model = fallback_model        # None: the same model name
-        self.sleep = sleep
-        self.jitter = jitter                        # a fraction from 0 to 1
-        self.notify = notify
+    max_retries: int = API_MAX_RETRIES
+    base_delay: float = RETRY_BASE_DELAY
+    max_delay: float = RETRY_MAX_DELAY
+    fallback_client: object = None                  # None: no fallback
+    fallback_model: str | None = None               # None: the same model name
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = random.random     # a fraction from 0 to 1
+    notify: Callable[[str], None] = show_recovery_note
 
 
 def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) -> float:
@@ -2136,28 +2130,20 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model",
-                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
-                        help=f"model calls per turn (default {MAX_ITERATIONS})")
-    parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES,
-                        help="retries of a failed model call")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES)
     parser.add_argument("--fallback-model", help="tried once when the retries are used up")
     parser.add_argument("--fallback-base-url", help="endpoint for the fallback")
-    known = ", ".join(REGISTRY.toolsets())
-    parser.add_argument("--toolsets", type=toolset_list, help=f"offer only these ({known})")
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
     parser.add_argument("--context-length", type=positive_int, default=DEFAULT_CONTEXT_LENGTH,
-                        metavar="TOKENS", help=f"the model's context window (default "
-                        f"{DEFAULT_CONTEXT_LENGTH}); compression starts above "
-                        f"{COMPRESSION_THRESHOLD * 100:.0f}%% of it")
+                        metavar="TOKENS", help="the model's context window")
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
     resume.add_argument("--continue", dest="continue_session", action="store_true",
