@@ -521,7 +521,6 @@ class GuardrailDecision(NamedTuple):
     code: str                           # a key of GUARDRAIL_MESSAGES
     tool_name: str
     count: int                          # the count that crossed the threshold
-    signature: tuple[str, str]          # call_signature() of the call
 
 
 class ToolCallGuardrails:
@@ -545,13 +544,11 @@ class ToolCallGuardrails:
         return result, guardrail_note(decision) if decision is not None else ""
 
     def before_call(self, name: str, args: dict) -> GuardrailDecision | None:
-        signature = call_signature(name, args)
         if self.halted is not None:                     # later calls of the halted batch
-            return GuardrailDecision("block", "turn_halted", name, self.halted.count, signature)
-        failures = self.exact_failures.get(signature, 0)
+            return GuardrailDecision("block", "turn_halted", name, self.halted.count)
+        failures = self.exact_failures.get(call_signature(name, args), 0)
         if failures >= self.thresholds["exact_failure"][1]:
-            return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
-                                     signature)
+            return GuardrailDecision("block", "repeated_exact_failure_block", name, failures)
         return None
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
@@ -566,14 +563,12 @@ class ToolCallGuardrails:
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
         if same >= self.thresholds["same_tool_failure"][1]:
-            self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
-                                            signature)
+            self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same)
             return self.halted
         if exact >= self.thresholds["exact_failure"][0]:
-            return GuardrailDecision("warn", "repeated_exact_failure_warning", name, exact,
-                                     signature)
+            return GuardrailDecision("warn", "repeated_exact_failure_warning", name, exact)
         if same >= self.thresholds["same_tool_failure"][0]:
-            return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
+            return GuardrailDecision("warn", "same_tool_failure_warning", name, same)
         return None
 
 # ── [s06] Recovery details ──────────────────────────────────────────────────
@@ -622,13 +617,10 @@ def guardrail_message(decision: GuardrailDecision) -> str:
 
 
 def guardrail_refusal(decision: GuardrailDecision) -> str:
-    """The result of a call that was not run: an error for the model, and the
-    decision as data. The arguments appear only as their hash."""
-    tool_name, args_hash = decision.signature
-    return json.dumps({"error": guardrail_message(decision), "guardrail": {
-        "action": decision.action, "code": decision.code, "message": guardrail_message(decision),
-        "tool_name": decision.tool_name, "count": decision.count,
-        "signature": {"tool_name": tool_name, "args_hash": args_hash}}}, ensure_ascii=False)
+    """The result of a call that was not run: an error for the model, and the decision
+    as data (never the arguments: they may hold a secret)."""
+    return json.dumps({"error": guardrail_message(decision), "guardrail": decision._asdict()},
+                      ensure_ascii=False)
 
 
 def guardrail_note(decision: GuardrailDecision) -> str:

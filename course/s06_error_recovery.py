@@ -437,6 +437,15 @@ def tool_call_failed(name: str, result: str) -> bool:
     return data is not None and data.get("exit_code") not in (0, None)
 
 
+#: teaching
+class GuardrailDecision(NamedTuple):
+    action: str                         # "warn", "block" or "halt"
+    code: str                           # a key of GUARDRAIL_MESSAGES
+    tool_name: str
+    count: int                          # the count that crossed the threshold
+
+
+#: hardened
 class GuardrailDecision(NamedTuple):
     action: str                         # "warn", "block" or "halt"
     code: str                           # a key of GUARDRAIL_MESSAGES
@@ -467,13 +476,11 @@ class ToolCallGuardrails:
         return result, guardrail_note(decision) if decision is not None else ""
 
     def before_call(self, name: str, args: dict) -> GuardrailDecision | None:
-        signature = call_signature(name, args)
         if self.halted is not None:                     # later calls of the halted batch
-            return GuardrailDecision("block", "turn_halted", name, self.halted.count, signature)
-        failures = self.exact_failures.get(signature, 0)
+            return GuardrailDecision("block", "turn_halted", name, self.halted.count)
+        failures = self.exact_failures.get(call_signature(name, args), 0)
         if failures >= self.thresholds["exact_failure"][1]:
-            return GuardrailDecision("block", "repeated_exact_failure_block", name, failures,
-                                     signature)
+            return GuardrailDecision("block", "repeated_exact_failure_block", name, failures)
         return None
 
     def after_call(self, name: str, args: dict, result: str) -> GuardrailDecision | None:
@@ -488,14 +495,12 @@ class ToolCallGuardrails:
         exact = self.exact_failures[signature] = self.exact_failures.get(signature, 0) + 1
         same = self.tool_failures[name] = self.tool_failures.get(name, 0) + 1
         if same >= self.thresholds["same_tool_failure"][1]:
-            self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same,
-                                            signature)
+            self.halted = GuardrailDecision("halt", "same_tool_failure_halt", name, same)
             return self.halted
         if exact >= self.thresholds["exact_failure"][0]:
-            return GuardrailDecision("warn", "repeated_exact_failure_warning", name, exact,
-                                     signature)
+            return GuardrailDecision("warn", "repeated_exact_failure_warning", name, exact)
         if same >= self.thresholds["same_tool_failure"][0]:
-            return GuardrailDecision("warn", "same_tool_failure_warning", name, same, signature)
+            return GuardrailDecision("warn", "same_tool_failure_warning", name, same)
         return None
 
 
@@ -735,6 +740,15 @@ def guardrail_message(decision: GuardrailDecision) -> str:
                                                     count=decision.count)
 
 
+#: teaching
+def guardrail_refusal(decision: GuardrailDecision) -> str:
+    """The result of a call that was not run: an error for the model, and the decision
+    as data (never the arguments: they may hold a secret)."""
+    return json.dumps({"error": guardrail_message(decision), "guardrail": decision._asdict()},
+                      ensure_ascii=False)
+
+
+#: hardened
 def guardrail_refusal(decision: GuardrailDecision) -> str:
     """The result of a call that was not run: an error for the model, and the
     decision as data. The arguments appear only as their hash."""
