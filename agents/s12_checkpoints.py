@@ -5277,7 +5277,10 @@ def recovery_reply(text: str, counter: list) -> dict:
     plan = offline_plan(text.removeprefix("retry ").strip())
     if plan is None or isinstance(plan[1], str):
         return {"content": "retry what? Try: retry $ ls no-such-file"}
-    return offline_reply([{"role": "user", "content": text.removeprefix("retry ")}], counter)
+    counter[0] += 1
+    call = {"name": plan[0], "arguments": json.dumps(plan[1])}
+    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
+                                           "function": call}]}
 
 
 def stubborn_rerun(messages: list, counter: list):
