@@ -1246,9 +1246,8 @@ class ApiErrorClass(NamedTuple):
     retry_after: float | None           # seconds the endpoint asked us to wait, if it did
 
 
-# An HTTP error's category by its status (any other 5xx: "server", 4xx: "bad_request"),
-# unless its code says more: OpenAI answers both "slow down" and "your credit is gone"
-# with 429, and a conversation too long for the model with a plain 400.
+# An HTTP error's category by its status (other 5xx: "server", 4xx: "bad_request"), unless
+# its code says more: OpenAI answers "slow down" and "your credit is gone" both with 429.
 STATUS_CATEGORIES = {401: "auth", 402: "billing", 403: "auth", 404: "model_not_found",
                      408: "timeout", 413: "context_overflow", 429: "rate_limit",
                      501: "bad_request"}    # 501: the server has no such API at all
@@ -1256,9 +1255,8 @@ ERROR_CODES = {"insufficient_quota": "billing", "context_length_exceeded": "cont
 
 
 def classify_api_error(exc: Exception) -> ApiErrorClass:
-    """What went wrong with a model call, and whether sending it again can help.
-    The exception's class says whether there was an answer; the status and the
-    error's code say what the answer meant."""
+    """What went wrong with a model call, and whether sending it again can help: the
+    exception's class says if there was an answer, its status and code what it meant."""
     status = getattr(exc, "status_code", None)
     if isinstance(exc, openai.APITimeoutError):         # a kind of APIConnectionError
         category = "timeout"
@@ -1304,10 +1302,9 @@ def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) ->
 
 def call_model(client, model: str, messages: list, tools: list,
                policy: RetryPolicy | None = None):
-    """One model call of the agent loop, and what to do if it fails: retry what may
-    work later with a growing wait, and when the retries are used up try the fallback
-    once. An error that retrying cannot fix goes straight up to run_turn(), which
-    prints one line."""
+    """One model call of the agent loop: retry what may work later with a growing wait,
+    then try the fallback once. An error that retrying cannot fix goes straight up to
+    run_turn(), which prints one line."""
     policy = policy or RetryPolicy()
     retries = 0
     while True:
@@ -1350,44 +1347,38 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 
 
 class IterationBudget:
-    """How many model calls one user turn may make (--max-iterations); a summary or a
-    title costs nothing. Thread-safe: later stages share one budget between threads,
-    and two threads that both read "1 left" must not both get it."""
+    """How many model calls one user turn may make (--max-iterations). Thread-safe: later
+    stages share one budget between threads, and two that both read "1 left" must not
+    both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
-        self._used = 0
+        self.used = 0
         self._lock = threading.Lock()
 
     def consume(self) -> bool:
         """Take one unit; False (and nothing taken) once the budget is spent."""
         with self._lock:
-            if self._used >= self.max_total:
+            if self.used >= self.max_total:
                 return False
-            self._used += 1
+            self.used += 1
             return True
 
     def refund(self) -> None:
         """Give one unit back, for a call that should not count; never below zero."""
         with self._lock:
-            self._used = max(0, self._used - 1)
-
-    @property
-    def used(self) -> int:
-        return self._used                   # reading one number needs no lock
+            self.used = max(0, self.used - 1)
 
     @property
     def remaining(self) -> int:
-        return max(0, self.max_total - self._used)
+        return max(0, self.max_total - self.used)
 
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
-# (warn from, stop from) for each way a model goes in circles, counted per user turn.
-# "Stop" blocks the next such call (not run), or for same_tool_failure halts the turn.
-GUARDRAIL_THRESHOLDS = {
-    "exact_failure": (2, 5),            # the same call (tool and arguments) failed again
-    "same_tool_failure": (3, 8),        # one tool failed again, whatever the arguments
-}
+# (warn from, stop from), counted per user turn: the same call (tool and arguments) failed
+# again, stop = block the next one; one tool failed again, whatever the arguments, stop =
+# halt the turn.
+GUARDRAIL_THRESHOLDS = {"exact_failure": (2, 5), "same_tool_failure": (3, 8)}
 
 
 def call_signature(name: str, args: dict) -> tuple[str, str]:
@@ -3746,8 +3737,7 @@ def describe_context(messages: list) -> str:
     return text + "One summary replaced the middle:\n" + summary[len(SUMMARY_PREFIX):].strip()
 
 
-# 'fail <kind>': what the offline endpoint answers instead: (status, error code, headers).
-# "connection" hangs up without any answer.
+# 'fail <kind>': the (status, error code, headers) answered instead; "connection" hangs up.
 OFFLINE_FAILURES = {"rate_limit": (429, "rate_limit_exceeded", {"Retry-After": "0.1"}),
                     "billing": (429, "insufficient_quota", {}),
                     "auth": (401, "invalid_api_key", {}),
@@ -3767,10 +3757,9 @@ def failure_asked(text: str):
 
 
 def offline_failure(request: dict, failures: dict):
-    """For 'fail <kind> [times]': the failure to send instead of an answer, until this
-    request has failed `times` times. A request is its last message and how often that
-    message was sent, so a retry is the same request. Only the model "offline" fails:
-    a fallback model on the same server (offline-backup) is healthy."""
+    """For 'fail <kind> [times]': the failure to send instead of an answer, `times` times
+    for the same request (its last message, and how often that message was sent). Only
+    the model "offline" fails: the fallback offline-backup is healthy."""
     messages = request.get("messages") or [{}]
     last = messages[-1] if isinstance(messages[-1], dict) else {}
     text = str(last.get("content"))
