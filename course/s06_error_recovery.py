@@ -191,6 +191,7 @@ def show_recovery_note(line: str) -> None:
     err_console.print(Text(line, style="yellow"))
 
 
+#: teaching
 class RetryPolicy(NamedTuple):
     """How hard one model call tries. `sleep` and `jitter` are parameters so that
     tests never wait for real; `notify` shows what happens (a line per retry)."""
@@ -202,6 +203,26 @@ class RetryPolicy(NamedTuple):
     sleep: Callable[[float], None] = time.sleep
     jitter: Callable[[], float] = random.random     # a fraction from 0 to 1
     notify: Callable[[str], None] = show_recovery_note
+
+
+#: hardened
+class RetryPolicy:
+    """How hard one model call tries. `sleep` and `jitter` are parameters so that
+    tests never wait for real; `notify` shows what happens (a line per retry)."""
+
+    def __init__(self, max_retries: int = API_MAX_RETRIES, base_delay: float = RETRY_BASE_DELAY,
+                 max_delay: float = RETRY_MAX_DELAY, fallback_client=None,
+                 fallback_model: str | None = None, sleep: Callable[[float], None] = time.sleep,
+                 jitter: Callable[[], float] = random.random,
+                 notify: Callable[[str], None] = show_recovery_note):
+        self.max_retries = max_retries
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.fallback_client = fallback_client      # None: no fallback
+        self.fallback_model = fallback_model        # None: the same model name
+        self.sleep = sleep
+        self.jitter = jitter                        # a fraction from 0 to 1
+        self.notify = notify
 
 
 def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) -> float:

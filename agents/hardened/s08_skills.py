@@ -776,17 +776,23 @@ def show_recovery_note(line: str) -> None:
     err_console.print(Text(line, style="yellow"))
 
 
-class RetryPolicy(NamedTuple):
+class RetryPolicy:
     """How hard one model call tries. `sleep` and `jitter` are parameters so that
     tests never wait for real; `notify` shows what happens (a line per retry)."""
-    max_retries: int = API_MAX_RETRIES
-    base_delay: float = RETRY_BASE_DELAY
-    max_delay: float = RETRY_MAX_DELAY
-    fallback_client: object = None                  # None: no fallback
-    fallback_model: str | None = None               # None: the same model name
-    sleep: Callable[[float], None] = time.sleep
-    jitter: Callable[[], float] = random.random     # a fraction from 0 to 1
-    notify: Callable[[str], None] = show_recovery_note
+
+    def __init__(self, max_retries: int = API_MAX_RETRIES, base_delay: float = RETRY_BASE_DELAY,
+                 max_delay: float = RETRY_MAX_DELAY, fallback_client=None,
+                 fallback_model: str | None = None, sleep: Callable[[float], None] = time.sleep,
+                 jitter: Callable[[], float] = random.random,
+                 notify: Callable[[str], None] = show_recovery_note):
+        self.max_retries = max_retries
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.fallback_client = fallback_client      # None: no fallback
+        self.fallback_model = fallback_model        # None: the same model name
+        self.sleep = sleep
+        self.jitter = jitter                        # a fraction from 0 to 1
+        self.notify = notify
 
 
 def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) -> float:
