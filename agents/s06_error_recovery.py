@@ -108,10 +108,6 @@ def classify_api_error(exc: Exception) -> ApiErrorClass:
                          retry_after_seconds(headers))
 
 
-def show_recovery_note(line: str) -> None:
-    err_console.print(Text(line, style="yellow"))
-
-
 class RetryPolicy(NamedTuple):
     """How hard one model call tries. `sleep` and `jitter` are parameters so that
     tests never wait for real; `notify` shows what happens (a line per retry)."""
@@ -122,7 +118,7 @@ class RetryPolicy(NamedTuple):
     fallback_model: str | None = None               # None: the same model name
     sleep: Callable[[float], None] = time.sleep
     jitter: Callable[[], float] = random.random     # a fraction from 0 to 1
-    notify: Callable[[str], None] = show_recovery_note
+    notify: Callable[[str], None] = lambda line: err_console.print(Text(line, style="yellow"))
 
 
 def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) -> float:
@@ -303,8 +299,7 @@ def retry_after_seconds(headers, now: float | None = None) -> float | None:
 
 
 def explain_api_failure(exc: Exception, base_url: str, model: str) -> str:
-    """The one line for a failed turn: s01's describe_api_error(), plus the two
-    categories it cannot tell from a rate limit or a bad request."""
+    """s01's describe_api_error(), plus two categories it takes for a 429 or a 400."""
     category = classify_api_error(exc).category
     if category == "billing":
         return (f"The endpoint {base_url} says this account has no quota or credit left. "
@@ -2364,9 +2359,8 @@ def recovery_reply(text: str, counter: list) -> dict:
 
 
 def stubborn_rerun(messages: list, counter: list):
-    """After 'retry <input>', like a model stuck in a loop: send the same call again,
-    whatever the result. Once a guardrail blocks it, change a terminal command a
-    little each time (a comment), so only the same-tool count can stop it."""
+    """After 'retry <input>', like a stuck model: send the same call again. Once blocked,
+    vary a terminal command (a comment), so only the same-tool count can stop it."""
     start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
     calls = messages[-2].get("tool_calls") or []
     if not str(messages[start]["content"]).startswith("retry ") or len(calls) != 1:
