@@ -2,11 +2,9 @@
 """s06 · Error recovery — when the endpoint fails, and when the model goes in circles.
 
 What this stage adds
-    Every model call of the loop goes through call_model(); classify_api_error() sorts
-    a failure. What may work later (429, 5xx, a timeout, a dropped connection) is
-    retried with a growing, jittered wait or after Retry-After, then an optional
-    fallback model gets one try; anything else ends the turn with one line. Each turn
-    gets an IterationBudget, and ToolCallGuardrails watch for tool-call loops.
+    Every model call goes through call_model(): what may work later is retried with a
+    growing wait, then a fallback model gets one try; anything else ends the turn with
+    one line. Each turn gets an IterationBudget; ToolCallGuardrails stop tool-call loops.
 
     call_model() ─ ok ────────────────────────────────────────────────▶ the answer
         │ error: classify_api_error()
@@ -1807,13 +1805,11 @@ DEMO_INPUTS = ["fail rate_limit", "fail server 4", "fail auth", "retry $ ls no-s
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. Waits are 1/200 of the real ones; the "
                        f"fallback is the model offline-backup.", style="bold"))
-    demo = Session(session.client, session.model, session.base_url, session.max_iterations,
-                   session.tools, None)             # None: the demo is not saved
-    demo.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=session.client,
-                                fallback_model="offline-backup")
+    session.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=session.client,
+                                   fallback_model="offline-backup")     # --demo saves nothing
     for line in DEMO_INPUTS:
         console.print(Text(f"\n{STAGE}> {line}", style="bold"))
-        run_turn(demo, line)
+        run_turn(session, line)
     return 0
 
 
@@ -2101,7 +2097,7 @@ def retry_policy_from_args(args, session: Session) -> RetryPolicy:
     """--max-retries, and a fallback if a fallback flag is given. The key is OPENAI_API_KEY."""
     fallback_client = make_client(args.fallback_base_url, os.environ.get("OPENAI_API_KEY")) \
         if args.fallback_base_url else session.client if args.fallback_model else None
-    return RetryPolicy(max_retries=args.max_retries, fallback_client=fallback_client,
+    return RetryPolicy(args.max_retries, fallback_client=fallback_client,
                        fallback_model=args.fallback_model)
 
 

@@ -2384,7 +2384,7 @@ def retry_policy_from_args(args, session: Session) -> RetryPolicy:
     """--max-retries, and a fallback if a fallback flag is given. The key is OPENAI_API_KEY."""
     fallback_client = make_client(args.fallback_base_url, os.environ.get("OPENAI_API_KEY")) \
         if args.fallback_base_url else session.client if args.fallback_model else None
-    return RetryPolicy(max_retries=args.max_retries, fallback_client=fallback_client,
+    return RetryPolicy(args.max_retries, fallback_client=fallback_client,
                        fallback_model=args.fallback_model)
 
 
