@@ -1231,8 +1231,7 @@ RETRY_JITTER = 0.5                      # up to 50 % more, at random: clients th
                                         # do not all come back at the same moment
 MAX_RETRY_AFTER = 60.0                  # the longest wait an endpoint's Retry-After gets from us
 
-# Every category, and whether the same request may work if we simply send it again:
-# only what the endpoint may get over (a rate limit, an outage, a slow or lost answer).
+# Every category, and whether the same request may work if we simply send it again.
 API_ERROR_RETRYABLE = {"rate_limit": True, "server": True, "timeout": True, "connection": True,
                        "auth": False, "billing": False, "model_not_found": False,
                        "context_overflow": False, "tool_choice": False, "bad_request": False,
@@ -1484,8 +1483,7 @@ GUARDRAIL_MESSAGES = {
     "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
         "exactly these arguments. Change the arguments or the approach, or tell the user "
         "what is in the way.",
-    "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so the turn "
-        "ends here.",
+    "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so it ends here.",
     "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
 }
 
