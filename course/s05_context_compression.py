@@ -855,7 +855,8 @@ def parse_args(argv=None):
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model", help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model",
+                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")

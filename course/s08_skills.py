@@ -803,7 +803,8 @@ def run_demo(session: Session) -> int:
             create = {"action": "create", "name": "release-notes", "content": DEMO_SKILL}
             demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create))
             console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
-                               "body; the model loads the body when a task needs it:", style="bold"))
+                               "body; the model loads the body when a task needs it:",
+                               style="bold"))
             second = restarted_session(session)
             console.print(Text(skills_part(second.messages[0]["content"]), style="dim"))
             poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}

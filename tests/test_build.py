@@ -387,3 +387,10 @@ def test_each_edition_may_have_its_own_docstring(tmp_path):
     files = BUILD.build(tiny_course(tmp_path, s01_a=S01, s02_b=s02))
     assert '"""s02 · A second stage.\n' in files["agents/s02_b.py"]
     assert '"""s02 · A second stage, every guard."""' in files["agents/hardened/s02_b.py"]
+
+
+def test_no_generated_line_is_longer_than_100_characters(built):
+    """Curriculum §4a: a line of code is read whole, on a screen and on the site."""
+    long = [f"{path}:{number}" for path, text in built.items()
+            for number, line in enumerate(text.splitlines(), start=1) if len(line) > 100]
+    assert long == []
