@@ -87,11 +87,14 @@ def start_proxy(target: str, recorder: Recorder) -> ThreadingHTTPServer:
                 offered = bool(json.loads(body or b"{}").get("tools"))
                 with recorder.lock:
                     recorder.rows.append((offered, status))
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:                     # the stage was stopped (--timeout) meanwhile
+                pass
 
         def do_GET(self):
             self.forward(None)
