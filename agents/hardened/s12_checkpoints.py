@@ -383,12 +383,17 @@ def project_key(project: Path) -> str:
     return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def is_project(folder: Path) -> bool:
+    """Does `folder` itself hold one of PROJECT_MARKERS?"""
+    return any(os.path.lexists(folder / marker) for marker in PROJECT_MARKERS)
+
+
 def project_root(folder: Path) -> Path:
     """The project of the working folder: the nearest folder, from `folder` up, that
     holds one of PROJECT_MARKERS; `folder` itself if none does (never_checkpointed()
     then says why it gets no checkpoints)."""
     for candidate in (folder, *folder.parents):
-        if any(os.path.lexists(candidate / marker) for marker in PROJECT_MARKERS):
+        if is_project(candidate):
             return candidate
     return folder
 
@@ -399,7 +404,7 @@ def say_no_checkpoints_once(manager: CheckpointManager, why_not: str) -> None:
     if manager.told_none:
         return
     manager.told_none = True
-    if "not in a project" in why_not:
+    if "not in a project" in why_not:     # home, / and the state folder: no marker helps
         how = (f"`git init` there (or any project marker) turns them on; they are kept "
                f"outside the project, in {manager.store}")
     else:
@@ -417,7 +422,7 @@ def never_checkpointed(project: Path, home: Path) -> str | None:
         return f"{project} is the home folder: it is never checkpointed"
     if project == home or home in project.parents:
         return f"{project} is in the agent's state folder {home}: it is never checkpointed"
-    if not any(os.path.lexists(project / marker) for marker in PROJECT_MARKERS):
+    if not is_project(project):
         return (f"{project} is not in a project: neither it nor a folder above holds "
                 f"{', '.join(PROJECT_MARKERS[:3])} or another project marker")
     return None
