@@ -77,7 +77,6 @@ def run_conversation(client, model: str, messages: list,
     return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
             f"(--max-iterations). Ask again to continue.]")
 
-
 def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     """Run the calls in order; each one gets exactly one tool message.
 
@@ -94,7 +93,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
         answer_open_tool_calls(messages, "interrupted by the user")
         raise
 
-
 def execute_tool_call(name: str, arguments: str) -> str:
     """Run one tool call and always return a string result, even on failure."""
     if name not in TOOL_HANDLERS:
@@ -103,7 +101,6 @@ def execute_tool_call(name: str, arguments: str) -> str:
         return TOOL_HANDLERS[name](**json.loads(arguments or "{}"))
     except Exception as exc:    # bad JSON, wrong arguments, a broken tool: the loop goes on
         return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
-
 
 def assistant_message_to_dict(message) -> dict:
     """Turn the SDK's message object into the plain dict we send back next time."""
@@ -114,7 +111,6 @@ def assistant_message_to_dict(message) -> dict:
             for call_id, name, arguments in map(call_parts, message.tool_calls)
         ]
     return entry
-
 
 def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
@@ -131,7 +127,6 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                     "description": f"Seconds before the command is killed "
                                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
     }}}}
-
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
@@ -154,14 +149,12 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     output.add(raw.decode("utf-8", errors="replace"))   # bytes that are not UTF-8 become �
     return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
 
-
 def start_command(command: str) -> subprocess.Popen:
     """A new session makes the command the leader of its own process group, so a
     timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-
 
 TOOL_SCHEMAS = [TERMINAL_SCHEMA]
 TOOL_HANDLERS = {"terminal": run_terminal}
@@ -175,7 +168,6 @@ def make_client(base_url: str | None, api_key: str | None):
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
-
 def tool_fields(tools: list) -> dict:
     """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
     but llama-cpp-python's server leaves the tools out of the prompt without it. For a
@@ -186,16 +178,13 @@ def tool_fields(tools: list) -> dict:
         return {"tools": tools}
     return {"tools": tools, "tool_choice": "auto"}
 
-
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
-
 def refuses_tool_choice(exc: Exception) -> bool:
     """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
-
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
@@ -219,7 +208,6 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
         return f"The endpoint {base_url} answered HTTP {status}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
-
 def first_line(text: str, limit: int = 200) -> str:
     line = (str(text).strip().splitlines() or [""])[0]
     return line if len(line) <= limit else line[:limit] + "…"
@@ -238,12 +226,10 @@ def first_message(response):
     raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
                              "check OPENAI_BASE_URL and --model")
 
-
 def safe_text(text: str) -> str:
     """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
     or undecodable input) become "?" instead of crashing the next step."""
     return text.encode("utf-8", "replace").decode("utf-8")
-
 
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
@@ -252,7 +238,6 @@ def call_parts(call) -> tuple[str, str, str]:
     parts = (getattr(call, "id", ""), getattr(function, "name", ""),
              getattr(function, "arguments", ""))
     return tuple(safe_text(str(part or "")) for part in parts)
-
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
@@ -287,7 +272,6 @@ class BoundedOutput:
         tail = self.whole[head + cut:]
         return f"{self.whole[:head]}\n... [{cut} characters truncated] ...\n{tail}"
 
-
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
     try:
@@ -305,14 +289,12 @@ HELP_TEXT = """Commands:
   /quit          leave (or Ctrl-D); Ctrl-C cancels the current turn
   $ <command>    the offline model runs it with the terminal tool"""
 
-
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
 
     def __init__(self, client, model: str, base_url: str, max_iterations: int):
         self.client, self.model, self.base_url = client, model, base_url
         self.max_iterations, self.messages = max_iterations, []
-
 
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
@@ -321,7 +303,6 @@ def show_event(kind: str, data: dict) -> None:
                            style="cyan"))
     elif kind == "tool_result":
         console.print(Text(indent_result(data["result"]), style="dim"))
-
 
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
@@ -337,13 +318,11 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
     return "\n".join([header] + [f"    {line}" for line in lines])
 
-
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     if len(arguments) <= limit:
         return arguments
     return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
-
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -358,10 +337,8 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-
 # later stages add their own slash commands
 COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
-
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
@@ -373,11 +350,9 @@ def handle_command(session: Session, line: str) -> bool:
     command(session, argument.strip())
     return True
 
-
 def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
 
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
@@ -393,7 +368,6 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     line = undecodable_to_replacement(line.rstrip("\n"))
     console.print(Text(prompt + line, style="bold"))
     return line
-
 
 def repl(session: Session) -> int:
     interactive = bool(sys.stdin) and sys.stdin.isatty()
@@ -417,9 +391,7 @@ def repl(session: Session) -> int:
                 answer_open_tool_calls(session.messages, "interrupted by the user")
                 console.print(Text("\n[turn cancelled]", style="yellow"))
 
-
 DEMO_INPUTS = ["$ echo hello from the terminal tool", "What can you do?"]
-
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
@@ -432,13 +404,11 @@ def run_demo(session: Session) -> int:
     run_turn(session, "$ echo limited")
     return 0
 
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
@@ -450,7 +420,6 @@ def parse_args(argv=None):
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
     return parser.parse_args(argv)
-
 
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
@@ -466,7 +435,6 @@ def open_session(args) -> Session:
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations)
-
 
 class CtrlC:
     """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
@@ -494,14 +462,12 @@ class CtrlC:
         finally:
             cls.armed = False
 
-
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
     Ctrl-C does: a running command's process group is killed on the way out."""
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
-
 
 def run_prompt(session: Session, text: str) -> int:
     """-p: one question or one slash command, then the exit code."""
@@ -511,7 +477,6 @@ def run_prompt(session: Session, text: str) -> int:
         return 0 if run_turn(session, text) else 1
     except KeyboardInterrupt:
         return 130
-
 
 def main(argv=None) -> int:
     exit_on_signals()
@@ -536,13 +501,11 @@ OFFLINE_VERBS = "'$ <command>'"
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
-
 def offline_plan(text: str):
     """Map learner input to (tool name, arguments), or None."""
     if text.startswith("$ "):
         return "terminal", {"command": text[2:]}
     return None
-
 
 def offline_summary(messages: list) -> str:
     """Summarise the result of the last tool call (this model asks for one at a time)."""
@@ -557,7 +520,6 @@ def offline_summary(messages: list) -> str:
                     f"{cut.group(1)} characters in the middle were cut.")
     return summary
 
-
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     if messages[-1]["role"] == "tool":
@@ -570,7 +532,6 @@ def offline_reply(messages: list, counter: list) -> dict:
     return {"content": "", "tool_calls": [{"id": f"call_offline_{counter[0]}",
                                            "type": "function", "function": function}]}
 
-
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
@@ -578,7 +539,6 @@ def completion_body(reply: dict, model: str) -> dict:
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
@@ -597,7 +557,6 @@ class OfflineHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-
 
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)

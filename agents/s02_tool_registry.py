@@ -49,7 +49,6 @@ from rich.text import Text
 
 MAX_INVALID_TURNS = 3                   # all-invalid turns in a row before we stop
 
-
 class ToolEntry:
     """One tool, described as data. `schema` is what the model is shown."""
 
@@ -65,7 +64,6 @@ class ToolEntry:
             return self.check_fn is None or bool(self.check_fn())
         except Exception:
             return False
-
 
 class ToolRegistry:
     """Every tool the agent has. The model sees only those offered for this session."""
@@ -102,7 +100,6 @@ class ToolRegistry:
         except Exception as exc:
             return f"Error: {name} failed: {type(exc).__name__}: {first_line(exc)}"
 
-
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
     """The door: (arguments, None) for a valid call, (None, error text) otherwise.
@@ -120,15 +117,12 @@ def validate_tool_call(name: str, raw_arguments: str,
                       f"Expected arguments: {expected}.")
     return args, None
 
-
 def unknown_tool_message(name: str, available) -> str:
     listed = ", ".join(sorted(available)) or "(none)"
     return f"Tool '{name}' does not exist. Available tools: {listed}"
 
-
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
               "array": list, "object": dict}
-
 
 def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None]:
     """Arguments text -> dict. An empty string means no arguments."""
@@ -142,7 +136,6 @@ def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None]:
         return None, (f"Error: arguments for {name} must be a JSON object, "
                       f"not {type(args).__name__}. Please retry with valid JSON.")
     return args, None
-
 
 def argument_problems(args: dict, parameters: dict) -> list[str]:
     """Names the schema does not know, required names that are missing, wrong types."""
@@ -165,7 +158,6 @@ MAX_LINE_CHARS = 2_000                  # read_file cuts longer lines
 MAX_SEARCH_MATCHES = 100                # matches returned by one search_files call
 MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_files
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
-
 
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
@@ -190,7 +182,6 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
                        "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
                       ensure_ascii=False)
 
-
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
     target = tool_path(path)
@@ -200,7 +191,6 @@ def write_file(path: str, content: str) -> str:
         return error_result(f"nothing written to {path}: {exc}")
     return json.dumps({"bytes_written": written, "path": str(target.resolve())},
                       ensure_ascii=False)
-
 
 def patch(path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace exact text. Missing or ambiguous old text is an error, not a guess."""
@@ -223,7 +213,6 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
         return error_result(f"nothing written to {path}: {exc}")
     return json.dumps({"success": True, "replacements": count, "path": str(target.resolve())},
                       ensure_ascii=False)
-
 
 def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     """Regex search: `file:line: text` for each match, capped at MAX_SEARCH_MATCHES."""
@@ -248,7 +237,6 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
                     return json.dumps({"matches": matches, "truncated": True}, ensure_ascii=False)
     return json.dumps({"matches": matches, "truncated": False}, ensure_ascii=False)
 
-
 def classify_tool_result(name: str, result: str) -> str:
     """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
     data = parse_result(result)
@@ -261,7 +249,6 @@ def classify_tool_result(name: str, result: str) -> str:
     landed = (name == "write_file" and isinstance(data.get("bytes_written"), int)) or \
         (name == "patch" and data.get("success") is True)
     return "landed" if landed else "ok"
-
 
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
@@ -296,10 +283,8 @@ def function_schema(name: str, description: str, properties: dict, required: lis
                          "parameters": {"type": "object", "properties": properties,
                                         "required": required}}}
 
-
 def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
-
 
 def parse_result(result: str) -> dict | None:
     try:
@@ -308,10 +293,8 @@ def parse_result(result: str) -> dict | None:
         return None
     return data if isinstance(data, dict) else None
 
-
 def tool_path(path: str) -> Path:
     return Path(path).expanduser()          # a leading ~ is the home folder, as in a shell
-
 
 def write_text_atomically(target: Path, text: str) -> int:
     """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
@@ -334,7 +317,6 @@ def write_text_atomically(target: Path, text: str) -> int:
         raise
     return len(data)
 
-
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
     path below the search root, `**` standing for any number of folders, even none."""
@@ -345,7 +327,6 @@ def glob_matches(relative: Path, glob: str) -> bool:
     regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
     return re.fullmatch(regex, relative.as_posix()) is not None
 
-
 def searchable_files(root: Path, glob: str | None):
     """Readable regular files below `root` that `glob` matches (a FIFO would block a read)."""
     for folder, dirs, files in os.walk(root):
@@ -354,7 +335,6 @@ def searchable_files(root: Path, glob: str | None):
             if (glob is None or glob_matches(file.relative_to(root), glob)) and file.is_file() \
                     and os.access(file, os.R_OK) and file.stat().st_size <= MAX_SEARCH_FILE_BYTES:
                 yield file
-
 
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
@@ -410,7 +390,6 @@ def run_conversation(client, model: str, messages: list,
     return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
             f"(--max-iterations). Ask again to continue.]")
 
-
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
@@ -431,7 +410,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
         raise
     return any(error is None for _, error in checked)
 
-
 def assistant_message_to_dict(message) -> dict:
     """Turn the SDK's message object into the plain dict we send back next time."""
     entry = {"role": "assistant", "content": safe_text(message.content or "")}
@@ -441,7 +419,6 @@ def assistant_message_to_dict(message) -> dict:
             for call_id, name, arguments in map(call_parts, message.tool_calls)
         ]
     return entry
-
 
 def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
@@ -458,7 +435,6 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                     "description": f"Seconds before the command is killed "
                                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
     }}}}
-
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
@@ -481,7 +457,6 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     output.add(raw.decode("utf-8", errors="replace"))   # bytes that are not UTF-8 become �
     return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
 
-
 def start_command(command: str) -> subprocess.Popen:
     """A new session makes the command the leader of its own process group, so a
     timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
@@ -498,7 +473,6 @@ def make_client(base_url: str | None, api_key: str | None):
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
-
 def tool_fields(tools: list) -> dict:
     """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
     but llama-cpp-python's server leaves the tools out of the prompt without it. For a
@@ -509,16 +483,13 @@ def tool_fields(tools: list) -> dict:
         return {"tools": tools}
     return {"tools": tools, "tool_choice": "auto"}
 
-
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
-
 def refuses_tool_choice(exc: Exception) -> bool:
     """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
-
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
@@ -542,7 +513,6 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
         return f"The endpoint {base_url} answered HTTP {status}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
-
 def first_line(text: str, limit: int = 200) -> str:
     line = (str(text).strip().splitlines() or [""])[0]
     return line if len(line) <= limit else line[:limit] + "…"
@@ -561,12 +531,10 @@ def first_message(response):
     raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
                              "check OPENAI_BASE_URL and --model")
 
-
 def safe_text(text: str) -> str:
     """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
     or undecodable input) become "?" instead of crashing the next step."""
     return text.encode("utf-8", "replace").decode("utf-8")
-
 
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
@@ -575,7 +543,6 @@ def call_parts(call) -> tuple[str, str, str]:
     parts = (getattr(call, "id", ""), getattr(function, "name", ""),
              getattr(function, "arguments", ""))
     return tuple(safe_text(str(part or "")) for part in parts)
-
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
@@ -610,7 +577,6 @@ class BoundedOutput:
         tail = self.whole[head + cut:]
         return f"{self.whole[:head]}\n... [{cut} characters truncated] ...\n{tail}"
 
-
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
     try:
@@ -634,7 +600,6 @@ The offline model understands:
   write <path> <text>    write a file with write_file
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)"""
 
-
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
 
@@ -645,7 +610,6 @@ class Session:
         self.max_iterations = max_iterations
         self.tools = REGISTRY.get_definitions() if tools is None else tools
         self.messages: list = []
-
 
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
@@ -658,7 +622,6 @@ def show_event(kind: str, data: dict) -> None:
         console.print(Text(indent_result(data["result"]), style=style))
         if outcome != "ok":
             console.print(Text(f"    [{outcome}]", style=style))
-
 
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
@@ -674,13 +637,11 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
     return "\n".join([header] + [f"    {line}" for line in lines])
 
-
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     if len(arguments) <= limit:
         return arguments
     return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
-
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -695,10 +656,8 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-
 # later stages add their own slash commands
 COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
-
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
@@ -710,11 +669,9 @@ def handle_command(session: Session, line: str) -> bool:
     command(session, argument.strip())
     return True
 
-
 def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
 
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
@@ -730,7 +687,6 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     line = undecodable_to_replacement(line.rstrip("\n"))
     console.print(Text(prompt + line, style="bold"))
     return line
-
 
 def repl(session: Session) -> int:
     interactive = bool(sys.stdin) and sys.stdin.isatty()
@@ -754,14 +710,12 @@ def repl(session: Session) -> int:
                 answer_open_tool_calls(session.messages, "interrupted by the user")
                 console.print(Text("\n[turn cancelled]", style="yellow"))
 
-
 DEMO_INPUTS = [
     "write notes/hello.txt Hello from the tool registry",
     'call patch {"path": "notes/hello.txt", "old_string": "Hello", "new_string": "Goodbye"}',
     "$ cat notes/hello.txt",
     "call no_such_tool {}",
 ]
-
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
@@ -780,13 +734,11 @@ def run_demo(session: Session) -> int:
             os.chdir(start)
     return 0
 
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
@@ -799,7 +751,6 @@ def parse_args(argv=None):
     parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
     return parser.parse_args(argv)
-
 
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
@@ -817,7 +768,6 @@ def open_session(args) -> Session:
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations, tools)
-
 
 class CtrlC:
     """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
@@ -845,14 +795,12 @@ class CtrlC:
         finally:
             cls.armed = False
 
-
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
     Ctrl-C does: a running command's process group is killed on the way out."""
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
-
 
 def run_prompt(session: Session, text: str) -> int:
     """-p: one question or one slash command, then the exit code."""
@@ -862,7 +810,6 @@ def run_prompt(session: Session, text: str) -> int:
         return 0 if run_turn(session, text) else 1
     except KeyboardInterrupt:
         return 130
-
 
 def main(argv=None) -> int:
     exit_on_signals()
@@ -884,9 +831,7 @@ def show_tools(session: Session, argument: str) -> None:
         names = sorted(name for name in offered if REGISTRY.get(name).toolset == toolset)
         console.print(Text(f"  {toolset:<15} {', '.join(names) or '(not offered)'}"))
 
-
 COMMANDS["/tools"] = show_tools
-
 
 def toolset_list(text: str) -> set[str]:
     names = {name.strip() for name in text.split(",") if name.strip()}
@@ -908,7 +853,6 @@ OFFLINE_VERBS = "'read <path>', 'write <path> <text>' or 'call <tool> <json>'"
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
-
 def offline_plan(text: str):
     """Map learner input to (tool name, arguments), or None. `call` keeps the raw text."""
     if text.startswith("$ "):
@@ -923,7 +867,6 @@ def offline_plan(text: str):
         name, _, raw_arguments = rest.strip().partition(" ")
         return name, raw_arguments
     return None
-
 
 def offline_summary(messages: list) -> str:
     """Summarise the tool results that follow the last assistant message."""
@@ -956,7 +899,6 @@ def offline_summary(messages: list) -> str:
             lines.append(f"The tool answered: {first_line(result, 160)}")
     return "\n".join(lines) or "Done."
 
-
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     last = messages[-1] if messages else {}
@@ -973,7 +915,6 @@ def offline_reply(messages: list, counter: list) -> dict:
     return {"content": "", "tool_calls": [{"id": call_id, "type": "function",
                                            "function": {"name": name, "arguments": arguments}}]}
 
-
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
@@ -981,7 +922,6 @@ def completion_body(reply: dict, model: str) -> dict:
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
@@ -1001,7 +941,6 @@ class OfflineHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads, server.counter = True, [0]
@@ -1010,9 +949,7 @@ def start_offline_server():
                      daemon=True).start()
     return server
 
-
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
-
 
 def stubborn_retry(messages: list):
     """Like a confused model, resend a raw `call` that the validation door rejected."""

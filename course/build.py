@@ -527,10 +527,12 @@ def render(course: Course, stage: int, edition: str = "teaching") -> Rendered:
 
 
 def blank_lines_above(definition: Definition, text: str, previous: str | None) -> int:
-    """As the source has them, but two around a function or class (PEP 8): a definition
-    carried by only one edition may stand next to other neighbours than in the source."""
+    """As the source has them, but one around a function or class: a definition carried by
+    only one edition may stand next to other neighbours than in the source. One, not PEP 8's
+    two: the section banners already group the file, and the teaching edition has a line
+    budget spent better on code than on ~330 extra blank lines (s12)."""
     if previous is not None and (is_function_or_class(text) or is_function_or_class(previous)):
-        return 2
+        return 1
     return definition.blank_lines
 
 

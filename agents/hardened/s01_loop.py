@@ -87,7 +87,6 @@ def run_conversation(client, model: str, messages: list,
     return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
             f"(--max-iterations). Ask again to continue.]")
 
-
 def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     """Run the calls in order; each one gets exactly one tool message.
 
@@ -103,7 +102,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     except KeyboardInterrupt:
         answer_open_tool_calls(messages, "interrupted by the user")
         raise
-
 
 def execute_tool_call(name: str, arguments: str) -> str:
     """Run one tool call and always return a string result, even on failure."""
@@ -121,7 +119,6 @@ def execute_tool_call(name: str, arguments: str) -> str:
     except Exception as exc:                    # a broken tool must not break the loop
         return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
 
-
 def assistant_message_to_dict(message) -> dict:
     """Turn the SDK's message object into the plain dict we send back next time."""
     entry = {"role": "assistant", "content": safe_text(message.content or "")}
@@ -131,7 +128,6 @@ def assistant_message_to_dict(message) -> dict:
             for call_id, name, arguments in map(call_parts, message.tool_calls)
         ]
     return entry
-
 
 def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
@@ -157,7 +153,6 @@ TERMINAL_SCHEMA = {
         },
     },
 }
-
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
@@ -198,7 +193,6 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     return json.dumps({"output": output.text() + note, "exit_code": 124},  # GNU timeout's code
                       ensure_ascii=False)
 
-
 TOOL_SCHEMAS = [TERMINAL_SCHEMA]
 TOOL_HANDLERS = {"terminal": run_terminal}
 
@@ -211,7 +205,6 @@ def make_client(base_url: str | None, api_key: str | None):
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
-
 def tool_fields(tools: list) -> dict:
     """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
     but llama-cpp-python's server leaves the tools out of the prompt without it. For a
@@ -222,16 +215,13 @@ def tool_fields(tools: list) -> dict:
         return {"tools": tools}
     return {"tools": tools, "tool_choice": "auto"}
 
-
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
-
 def refuses_tool_choice(exc: Exception) -> bool:
     """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
-
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
@@ -260,7 +250,6 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
         return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
-
 def not_an_api_reason(exc: Exception) -> str | None:
     """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
     if isinstance(exc, NotAnAPIError):
@@ -271,7 +260,6 @@ def not_an_api_reason(exc: Exception) -> str | None:
         return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
     return None
 
-
 def first_line(text: str, limit: int = 200) -> str:
     line = (str(text).strip().splitlines() or [""])[0]
     return line if len(line) <= limit else line[:limit] + "…"
@@ -281,7 +269,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
-
 
 def first_message(response):
     """The assistant message of a chat completion, or a clear error for anything else
@@ -298,12 +285,10 @@ def first_message(response):
     raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
                              "check OPENAI_BASE_URL and --model")
 
-
 def safe_text(text: str) -> str:
     """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
     or undecodable input) become "?" instead of crashing the next step."""
     return text.encode("utf-8", "replace").decode("utf-8")
-
 
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
@@ -314,7 +299,6 @@ def call_parts(call) -> tuple[str, str, str]:
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments)
     return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
-
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
@@ -358,7 +342,6 @@ class BoundedOutput:
         if cut <= 0:
             return self.head + self.tail
         return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
-
 
 class CommandStart:
     """A shell command that a helper thread starts, and the Popen it got.
@@ -404,7 +387,6 @@ class CommandStart:
                 kill_process_group(self.proc)
                 self.proc.wait()
 
-
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
     """True if the command exited and closed its output within `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -414,7 +396,6 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     except subprocess.TimeoutExpired:
         return False
     return not reader.is_alive()
-
 
 def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
     """Read a command's output as it arrives, until every process has closed the pipe
@@ -426,7 +407,6 @@ def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
                 return
             output.add(decoder.decode(chunk))
         output.add(decoder.decode(b"", final=True))
-
 
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
@@ -447,7 +427,6 @@ Ctrl-C cancels the current turn and keeps the REPL.
 The offline model understands:
   $ <command>    run a shell command with the terminal tool"""
 
-
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
 
@@ -458,7 +437,6 @@ class Session:
         self.max_iterations = max_iterations
         self.messages: list = []
 
-
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
@@ -466,7 +444,6 @@ def show_event(kind: str, data: dict) -> None:
                            style="cyan"))
     elif kind == "tool_result":
         console.print(Text(indent_result(data["result"]), style="dim"))
-
 
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
@@ -482,13 +459,11 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
     return "\n".join([header] + [f"    {line}" for line in lines])
 
-
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     if len(arguments) <= limit:
         return arguments
     return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
-
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -503,13 +478,10 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-
 def show_help(session: Session, argument: str) -> None:
     console.print(Text(HELP_TEXT))
 
-
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
-
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
@@ -521,14 +493,12 @@ def handle_command(session: Session, line: str) -> bool:
     command(session, argument.strip())
     return True
 
-
 def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     try:
         return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except UnicodeEncodeError:              # a surrogate that did not come from a byte
         return safe_text(line)
-
 
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
@@ -544,7 +514,6 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     line = undecodable_to_replacement(line.rstrip("\n"))
     console.print(Text(prompt + line, style="bold"))
     return line
-
 
 def repl(session: Session) -> int:
     interactive = bool(sys.stdin) and sys.stdin.isatty()
@@ -578,13 +547,11 @@ def repl(session: Session) -> int:
             answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
-
 DEMO_INPUTS = [
     "$ echo hello from the terminal tool",
     "$ printf 'one\\ntwo\\nthree\\n' | wc -l",
     "What can you do?",
 ]
-
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
@@ -602,13 +569,11 @@ def run_demo(session: Session) -> int:
                        + " ".join(roles), style="dim"))
     return 0
 
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -623,7 +588,6 @@ def parse_args(argv=None):
     parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
                         help=f"model calls per turn (default {MAX_ITERATIONS})")
     return parser.parse_args(argv)
-
 
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
@@ -640,7 +604,6 @@ def open_session(args) -> Session:
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations)
-
 
 class CtrlC:
     """Ctrl-C cancels what is running, once.
@@ -672,7 +635,6 @@ class CtrlC:
         finally:
             cls.armed = False
 
-
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, ends the agent cleanly: the exit runs
     through the same `finally` and `except BaseException` blocks as Ctrl-C does, so
@@ -683,7 +645,6 @@ def exit_on_signals() -> None:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), stop)
 
-
 def run_prompt(session: Session, text: str) -> int:
     """-p: one question or one slash command, then the exit code."""
     if text.strip().startswith("/"):
@@ -692,7 +653,6 @@ def run_prompt(session: Session, text: str) -> int:
         return 0 if run_turn(session, text) else 1
     except KeyboardInterrupt:
         return 130
-
 
 def main(argv=None) -> int:
     exit_on_signals()
@@ -717,13 +677,11 @@ OFFLINE_VERBS = "'$ <command>'"
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
-
 def offline_plan(text: str):
     """Map learner input to (tool name, arguments), or None."""
     if text.startswith("$ "):
         return "terminal", {"command": text[2:]}
     return None
-
 
 def offline_summary(messages: list) -> str:
     """Summarise the tool results that follow the last assistant message."""
@@ -750,7 +708,6 @@ def offline_summary(messages: list) -> str:
             lines.append(f"The tool reported: {first_line(data.get('error', result), 160)}")
     return "\n".join(lines) or "Done."
 
-
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     last = messages[-1] if messages else {}
@@ -765,7 +722,6 @@ def offline_reply(messages: list, counter: list) -> dict:
                                            "function": {"name": name,
                                                         "arguments": json.dumps(args)}}]}
 
-
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
@@ -775,7 +731,6 @@ def completion_body(reply: dict, model: str) -> dict:
             "choices": [{"index": 0, "message": message,
                          "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
-
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
@@ -800,7 +755,6 @@ class OfflineHandler(BaseHTTPRequestHandler):
             self.send_json(200, completion_body(reply, request.get("model", "offline")))
         except Exception as exc:
             self.send_json(500, {"error": {"message": f"offline model failed: {exc}"}})
-
 
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)

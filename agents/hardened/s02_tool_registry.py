@@ -61,7 +61,6 @@ from rich.text import Text
 
 MAX_INVALID_TURNS = 3                   # all-invalid turns in a row before we stop
 
-
 class ToolEntry:
     """One tool, described as data. `schema` is what the model is shown."""
 
@@ -82,7 +81,6 @@ class ToolEntry:
             return bool(self.check_fn())
         except Exception:
             return False
-
 
 class ToolRegistry:
     """Every tool the agent has. The model sees only those offered for this session."""
@@ -119,7 +117,6 @@ class ToolRegistry:
         except Exception as exc:
             return f"Error: {name} failed: {type(exc).__name__}: {first_line(exc)}"
 
-
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
     """The door: (arguments, None) for a valid call, (None, error text) otherwise.
@@ -137,15 +134,12 @@ def validate_tool_call(name: str, raw_arguments: str,
                       f"Expected arguments: {expected}.")
     return args, None
 
-
 def unknown_tool_message(name: str, available) -> str:
     listed = ", ".join(sorted(available)) or "(none)"
     return f"Tool '{name}' does not exist. Available tools: {listed}"
 
-
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
               "array": list, "object": dict}
-
 
 def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None]:
     """Arguments text -> dict. An empty string means no arguments."""
@@ -159,7 +153,6 @@ def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None]:
         return None, (f"Error: arguments for {name} must be a JSON object, "
                       f"not {type(args).__name__}. Please retry with valid JSON.")
     return args, None
-
 
 def argument_problems(args: dict, parameters: dict) -> list[str]:
     """Names the schema does not know, required names that are missing, wrong types."""
@@ -184,7 +177,6 @@ MAX_SEARCH_FILE_BYTES = 1_000_000       # larger files are skipped by search_fil
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 SEARCH_TIMEOUT = 10                     # seconds for one search_files call, walk included
 
-
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
@@ -207,7 +199,6 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
                        "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
                       ensure_ascii=False)
 
-
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
     target = tool_path(path)
@@ -219,7 +210,6 @@ def write_file(path: str, content: str) -> str:
         return error_result(f"nothing written to {path}: {exc}")
     return json.dumps({"bytes_written": written, "path": str(target.resolve())},
                       ensure_ascii=False)
-
 
 def patch(path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace exact text. Missing or ambiguous old text is an error, not a guess."""
@@ -242,7 +232,6 @@ def patch(path: str, old_string: str, new_string: str, replace_all: bool = False
         return error_result(f"nothing written to {path}: {exc}")
     return json.dumps({"success": True, "replacements": count, "path": str(target.resolve())},
                       ensure_ascii=False)
-
 
 def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     """Regex search: `file:line: text` for each match, capped, within SEARCH_TIMEOUT."""
@@ -268,7 +257,6 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     return json.dumps({"matches": matches, "truncated": len(matches) >= MAX_SEARCH_MATCHES},
                       ensure_ascii=False)
 
-
 def classify_tool_result(name: str, result: str) -> str:
     """'landed' (a change is verifiably on disk), 'error', 'refused' or 'ok'."""
     data = parse_result(result)
@@ -283,7 +271,6 @@ def classify_tool_result(name: str, result: str) -> str:
     if name == "patch" and data.get("success") is True:
         return "landed"
     return "ok"
-
 
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
@@ -317,10 +304,8 @@ def function_schema(name: str, description: str, properties: dict, required: lis
                          "parameters": {"type": "object", "properties": properties,
                                         "required": required}}}
 
-
 def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
-
 
 def parse_result(result: str) -> dict | None:
     try:
@@ -329,14 +314,12 @@ def parse_result(result: str) -> dict | None:
         return None
     return data if isinstance(data, dict) else None
 
-
 def tool_path(path: str) -> Path:
     """The path a tool was given; a leading ~ means the home folder, as in a shell."""
     try:
         return Path(path).expanduser()
     except RuntimeError:                    # no home folder is known: take it literally
         return Path(path)
-
 
 def write_text_atomically(target: Path, text: str) -> int:
     """Replace a file's content with `text` as UTF-8, all or nothing; return the bytes written.
@@ -371,7 +354,6 @@ def write_text_atomically(target: Path, text: str) -> int:
         raise
     return len(data)
 
-
 def bounded_lines(file):
     """The file's lines, each cut to MAX_LINE_CHARS, read in bounded memory: a file
     with no newline at all (a minified bundle, a sparse file) is never read whole."""
@@ -385,7 +367,6 @@ def bounded_lines(file):
             if skipped:
                 line += f" … [{skipped} characters of this line cut]"
         yield line.rstrip("\n")
-
 
 def glob_matches(relative: Path, glob: str) -> bool:
     """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
@@ -409,7 +390,6 @@ def glob_matches(relative: Path, glob: str) -> bool:
         reached = after_double_stars(moved, pieces)
     return len(pieces) in reached
 
-
 def after_double_stars(reached: set, pieces: list) -> set:
     """`**` may match no folder at all, so standing before it is standing after it too."""
     extended = set(reached)
@@ -418,7 +398,6 @@ def after_double_stars(reached: set, pieces: list) -> set:
             place += 1
             extended.add(place)
     return extended
-
 
 def searchable_files(root: Path, glob: str | None, deadline: float):
     """Regular files below `root` that `glob` matches. Raises TimeoutError once the
@@ -440,12 +419,10 @@ def searchable_files(root: Path, glob: str | None, deadline: float):
             except OSError:                 # a broken link or an unreadable file
                 continue
 
-
 def search_timeout_error() -> str:
     return error_result(f"search_files stopped after {SEARCH_TIMEOUT} s: the pattern may "
                         f"backtrack badly (a repeat inside a repeat, like (a+)+) or the "
                         f"folder is very large; simplify the pattern or narrow path or glob")
-
 
 # Why a separate process: Python's `re` cannot be stopped from outside. `^(a+)+$` on a
 # line of 40 a's and a b tries about 2**40 ways, all inside one call, so a clock checked
@@ -476,7 +453,6 @@ request = json.load(sys.stdin)
 json.dump(search(request["pattern"], request["files"], request["limit"]), sys.stdout)
 """
 
-
 def run_search_worker(pattern: str, files: list, deadline: float) -> list | None:
     """[file index, line number, line] for each match, or None if the deadline passed."""
     request = json.dumps({"pattern": pattern, "files": [str(file) for file in files],
@@ -492,12 +468,10 @@ def run_search_worker(pattern: str, files: list, deadline: float) -> list | None
         raise RuntimeError(f"the search worker failed: {last[:200]}")
     return json.loads(done.stdout)
 
-
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
     entry = REGISTRY.get(name)
     return entry is None or entry.mutates
-
 
 def terminal_available() -> bool:
     return os.name == "nt" or Path("/bin/sh").exists()
@@ -552,7 +526,6 @@ def run_conversation(client, model: str, messages: list,
     return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
             f"(--max-iterations). Ask again to continue.]")
 
-
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
@@ -573,7 +546,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
         raise
     return any(error is None for _, error in checked)
 
-
 def assistant_message_to_dict(message) -> dict:
     """Turn the SDK's message object into the plain dict we send back next time."""
     entry = {"role": "assistant", "content": safe_text(message.content or "")}
@@ -583,7 +555,6 @@ def assistant_message_to_dict(message) -> dict:
             for call_id, name, arguments in map(call_parts, message.tool_calls)
         ]
     return entry
-
 
 def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
@@ -609,7 +580,6 @@ TERMINAL_SCHEMA = {
         },
     },
 }
-
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
@@ -659,7 +629,6 @@ def make_client(base_url: str | None, api_key: str | None):
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
-
 def tool_fields(tools: list) -> dict:
     """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
     but llama-cpp-python's server leaves the tools out of the prompt without it. For a
@@ -670,16 +639,13 @@ def tool_fields(tools: list) -> dict:
         return {"tools": tools}
     return {"tools": tools, "tool_choice": "auto"}
 
-
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
-
 def refuses_tool_choice(exc: Exception) -> bool:
     """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
-
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
     """One clear line for each way an endpoint can fail; never a traceback."""
@@ -708,7 +674,6 @@ def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
         return f"The endpoint {base_url} answered HTTP {exc.status_code}: {first_line(exc.message)}"
     return f"Model call failed: {type(exc).__name__}: {first_line(exc)}"
 
-
 def not_an_api_reason(exc: Exception) -> str | None:
     """Why the URL cannot be an OpenAI-compatible API at all, or None if it may be one."""
     if isinstance(exc, NotAnAPIError):
@@ -719,7 +684,6 @@ def not_an_api_reason(exc: Exception) -> str | None:
         return f"HTTP {exc.status_code}: it does not accept POST requests"  # a static web server
     return None
 
-
 def first_line(text: str, limit: int = 200) -> str:
     line = (str(text).strip().splitlines() or [""])[0]
     return line if len(line) <= limit else line[:limit] + "…"
@@ -729,7 +693,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
-
 
 def first_message(response):
     """The assistant message of a chat completion, or a clear error for anything else
@@ -746,12 +709,10 @@ def first_message(response):
     raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
                              "check OPENAI_BASE_URL and --model")
 
-
 def safe_text(text: str) -> str:
     """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
     or undecodable input) become "?" instead of crashing the next step."""
     return text.encode("utf-8", "replace").decode("utf-8")
-
 
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments text) of a tool call. Odd calls from a server (a 'custom'
@@ -762,7 +723,6 @@ def call_parts(call) -> tuple[str, str, str]:
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments)
     return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
-
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
@@ -806,7 +766,6 @@ class BoundedOutput:
         if cut <= 0:
             return self.head + self.tail
         return f"{self.head}\n... [{cut} characters truncated] ...\n{self.tail}"
-
 
 class CommandStart:
     """A shell command that a helper thread starts, and the Popen it got.
@@ -852,7 +811,6 @@ class CommandStart:
                 kill_process_group(self.proc)
                 self.proc.wait()
 
-
 def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: int) -> bool:
     """True if the command exited and closed its output within `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -862,7 +820,6 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     except subprocess.TimeoutExpired:
         return False
     return not reader.is_alive()
-
 
 def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
     """Read a command's output as it arrives, until every process has closed the pipe
@@ -874,7 +831,6 @@ def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
                 return
             output.add(decoder.decode(chunk))
         output.add(decoder.decode(b"", final=True))
-
 
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
@@ -899,7 +855,6 @@ The offline model understands:
   write <path> <text>    write a file with write_file
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)"""
 
-
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
 
@@ -910,7 +865,6 @@ class Session:
         self.max_iterations = max_iterations
         self.tools = REGISTRY.get_definitions() if tools is None else tools
         self.messages: list = []
-
 
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
@@ -923,7 +877,6 @@ def show_event(kind: str, data: dict) -> None:
         console.print(Text(indent_result(data["result"]), style=style))
         if outcome != "ok":
             console.print(Text(f"    [{outcome}]", style=style))
-
 
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
@@ -939,13 +892,11 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
     return "\n".join([header] + [f"    {line}" for line in lines])
 
-
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     if len(arguments) <= limit:
         return arguments
     return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
-
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -960,13 +911,10 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-
 def show_help(session: Session, argument: str) -> None:
     console.print(Text(HELP_TEXT))
 
-
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
-
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
@@ -978,14 +926,12 @@ def handle_command(session: Session, line: str) -> bool:
     command(session, argument.strip())
     return True
 
-
 def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     try:
         return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except UnicodeEncodeError:              # a surrogate that did not come from a byte
         return safe_text(line)
-
 
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
@@ -1001,7 +947,6 @@ def read_line(prompt: str, interactive: bool) -> str | None:
     line = undecodable_to_replacement(line.rstrip("\n"))
     console.print(Text(prompt + line, style="bold"))
     return line
-
 
 def repl(session: Session) -> int:
     interactive = bool(sys.stdin) and sys.stdin.isatty()
@@ -1035,7 +980,6 @@ def repl(session: Session) -> int:
             answer_open_tool_calls(session.messages, "interrupted by the user")
             console.print(Text("\n[turn cancelled]", style="yellow"))
 
-
 DEMO_INPUTS = [
     "write notes/hello.txt Hello from the tool registry",
     "read notes/hello.txt",
@@ -1045,7 +989,6 @@ DEMO_INPUTS = [
     'call read_file {"path": "notes/hello.txt", "lines": 3}',
     "call no_such_tool {}",
 ]
-
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
@@ -1064,13 +1007,11 @@ def run_demo(session: Session) -> int:
                        "call still got exactly one result.", style="bold"))
     return 0
 
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -1089,7 +1030,6 @@ def parse_args(argv=None):
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
     return parser.parse_args(argv)
 
-
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
@@ -1106,7 +1046,6 @@ def open_session(args) -> Session:
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations, tools)
-
 
 class CtrlC:
     """Ctrl-C cancels what is running, once.
@@ -1138,7 +1077,6 @@ class CtrlC:
         finally:
             cls.armed = False
 
-
 def exit_on_signals() -> None:
     """SIGTERM, or SIGHUP from a closed terminal, ends the agent cleanly: the exit runs
     through the same `finally` and `except BaseException` blocks as Ctrl-C does, so
@@ -1149,7 +1087,6 @@ def exit_on_signals() -> None:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), stop)
 
-
 def run_prompt(session: Session, text: str) -> int:
     """-p: one question or one slash command, then the exit code."""
     if text.strip().startswith("/"):
@@ -1158,7 +1095,6 @@ def run_prompt(session: Session, text: str) -> int:
         return 0 if run_turn(session, text) else 1
     except KeyboardInterrupt:
         return 130
-
 
 def main(argv=None) -> int:
     exit_on_signals()
@@ -1180,9 +1116,7 @@ def show_tools(session: Session, argument: str) -> None:
         names = sorted(name for name in offered if REGISTRY.get(name).toolset == toolset)
         console.print(Text(f"  {toolset:<15} {', '.join(names) or '(not offered)'}"))
 
-
 COMMANDS["/tools"] = show_tools
-
 
 def toolset_list(text: str) -> set[str]:
     names = {name.strip() for name in text.split(",") if name.strip()}
@@ -1191,7 +1125,6 @@ def toolset_list(text: str) -> set[str]:
         raise argparse.ArgumentTypeError(f"unknown toolset(s) {', '.join(sorted(unknown))} "
                                          f"(known: {', '.join(REGISTRY.toolsets())})")
     return names
-
 
 def demo_availability() -> None:
     """Toolsets and check_fn decide what the model is offered."""
@@ -1218,7 +1151,6 @@ OFFLINE_VERBS = "'read <path>', 'write <path> <text>' or 'call <tool> <json>'"
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
-
 def offline_plan(text: str):
     """Map learner input to (tool name, arguments), or None. `call` keeps the raw text."""
     if text.startswith("$ "):
@@ -1233,7 +1165,6 @@ def offline_plan(text: str):
         name, _, raw_arguments = rest.strip().partition(" ")
         return name, raw_arguments
     return None
-
 
 def offline_summary(messages: list) -> str:
     """Summarise the tool results that follow the last assistant message."""
@@ -1271,7 +1202,6 @@ def offline_summary(messages: list) -> str:
             lines.append(f"The tool answered: {first_line(result, 160)}")
     return "\n".join(lines) or "Done."
 
-
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     last = messages[-1] if messages else {}
@@ -1288,7 +1218,6 @@ def offline_reply(messages: list, counter: list) -> dict:
     return {"content": "", "tool_calls": [{"id": call_id, "type": "function",
                                            "function": {"name": name, "arguments": arguments}}]}
 
-
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
@@ -1298,7 +1227,6 @@ def completion_body(reply: dict, model: str) -> dict:
             "choices": [{"index": 0, "message": message,
                          "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
-
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
@@ -1324,7 +1252,6 @@ class OfflineHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             self.send_json(500, {"error": {"message": f"offline model failed: {exc}"}})
 
-
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads = True
@@ -1334,9 +1261,7 @@ def start_offline_server():
                      daemon=True).start()
     return server
 
-
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
-
 
 def stubborn_retry(messages: list):
     """Like a confused model, resend a raw `call` that the validation door rejected."""
