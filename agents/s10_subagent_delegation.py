@@ -1266,8 +1266,7 @@ def memory_tool(action: str, target: str, content: str | None = None,
                 old_text: str | None = None) -> str:
     """The `memory` tool: add, replace or remove one entry of MEMORY.md or USER.md.
     What is written is scanned first: it goes into every future system prompt."""
-    problem = memory_call_problem(action, target, content, old_text)
-    if problem:
+    if problem := memory_call_problem(action, target, content, old_text):
         return error_result(problem)
     content, old_text = (content or "").strip(), (old_text or "").strip()
     findings = find_memory_threats(content) if action != "remove" else []
@@ -1277,14 +1276,8 @@ def memory_tool(action: str, target: str, content: str | None = None,
                                     f"system prompt, so it holds facts and preferences, never "
                                     f"instructions, secrets or places to send data to.",
                            "refused": True, "findings": findings}, ensure_ascii=False)
-    store = MemoryStore(hermes_home())
     try:
-        if action == "add":
-            entries = store.add(target, content)
-        elif action == "replace":
-            entries = store.replace(target, old_text, content)
-        else:
-            entries = store.remove(target, old_text)
+        entries = MemoryStore(hermes_home()).edit(action, target, content, old_text)
     except (MemoryFileError, MemoryWriteError) as exc:
         return memory_error(exc, target)
     return json.dumps({"success": True, "action": action, "target": target,
@@ -1312,21 +1305,16 @@ class MemoryStore:
     def entries(self, target: str) -> list[str]:
         return read_entries(self.path(target))
 
-    def add(self, target: str, content: str) -> list[str]:
+    def edit(self, action: str, target: str, content: str, old_text: str) -> list[str]:
+        """add `content`, or replace or remove the one entry that contains `old_text`."""
         entries = self.entries(target)
-        if content in entries:
-            return entries                  # saved before: a second copy only takes room
-        return self.save(target, entries, entries + [content])
-
-    def replace(self, target: str, old_text: str, content: str) -> list[str]:
-        entries = self.entries(target)
+        if action == "add":
+            if content in entries:
+                return entries              # saved before: a second copy only takes room
+            return self.save(target, entries, entries + [content])
         index = entry_index(entries, old_text, MEMORY_FILES[target])
-        return self.save(target, entries, entries[:index] + [content] + entries[index + 1:])
-
-    def remove(self, target: str, old_text: str) -> list[str]:
-        entries = self.entries(target)
-        index = entry_index(entries, old_text, MEMORY_FILES[target])
-        return self.save(target, entries, entries[:index] + entries[index + 1:])
+        new = [content] if action == "replace" else []
+        return self.save(target, entries, entries[:index] + new + entries[index + 1:])
 
     def save(self, target: str, before: list[str], after: list[str]) -> list[str]:
         """Write `after` in place of `before`, all or nothing. A file may not grow past
@@ -1350,11 +1338,8 @@ def memory_snapshot_section(home: Path) -> str | None:
     """The memory part of the system prompt, or None while both files are empty. It
     is read when the prompt is built, and Session.switch_to() builds that once per
     session: later writes reach the disk, not this session's messages[0]."""
-    blocks = [memory_block(home, target) for target in MEMORY_FILES]
-    blocks = [block for block in blocks if block is not None]
-    if not blocks:
-        return None
-    return "\n\n".join(["## Memory\n" + MEMORY_NOTE, *blocks])
+    blocks = [block for target in MEMORY_FILES if (block := memory_block(home, target))]
+    return "\n\n".join(["## Memory\n" + MEMORY_NOTE, *blocks]) if blocks else None
 
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
@@ -1364,12 +1349,10 @@ MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 _DELIMITER_LINE = re.compile(r"^[^\S\n]*§[^\S\n]*$", re.MULTILINE)
 
 class MemoryFileError(Exception):
-    """A memory file this tool cannot have written: not UTF-8, a folder, a link, ...
-    It is reported and never overwritten: it may hold the only copy of someone's notes."""
+    """A memory file this tool cannot have written (not UTF-8, a link …): never overwritten."""
 
 class MemoryWriteError(Exception):
-    """A write the store refuses. `entries` go back to the model with the error, so it
-    can choose what to merge or remove."""
+    """A write the store refuses; `entries` go back to the model, to choose what to merge."""
 
     def __init__(self, message: str, entries: list[str] | None = None):
         super().__init__(message)
@@ -1418,8 +1401,7 @@ def memory_error(exc: Exception, target: str) -> str:
     return json.dumps(result, ensure_ascii=False)
 
 def read_entries(path: Path) -> list[str]:
-    """The entries of one memory file, [] if it does not exist yet. Blank entries are
-    dropped and a repeated one is kept once: both only take room."""
+    """The entries of one memory file ([] if none yet); blanks and repeats only take room."""
     text = read_memory_file(path)
     if text is None:
         return []
@@ -1427,9 +1409,8 @@ def read_entries(path: Path) -> list[str]:
     return list(dict.fromkeys(entry for entry in entries if entry))
 
 def read_memory_file(path: Path) -> str | None:
-    """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written: it is reported and never overwritten. A link is refused, as
-    s04 refuses linked context files: the atomic write would follow it."""
+    """The file's text, or None if there is none; MemoryFileError for one this tool
+    cannot have written. A link too: the atomic write would follow it (as in s04)."""
     if path.is_symlink():
         raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
@@ -1467,9 +1448,8 @@ def shown_entries(entries: list[str], name: str) -> list[str]:
     return shown
 
 def strict_threat_patterns() -> list[tuple]:
-    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS: each reads text that
-    fold_text() has put in lower case. A verb and what it acts on must stand in one
-    sentence (`clause` lies between them). Built once, under the wiring."""
+    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS, read in fold_text()'s lower
+    case. A verb and what it acts on stand in one sentence: `clause` lies between them."""
     clause = r"(?:[^.;!?\n]|[.;!?](?=\S))*"             # a dot inside ".env" goes on
     sends = r"\b(?:send|sent|post|upload|transmit|forward|exfiltrat|leak)\w*"
     shares = r"\b(?:includ|output|print|shar|send|repeat|dump)\w*"
@@ -3512,8 +3492,7 @@ DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backo
 
 
 def show_memory(session: Session, argument: str) -> None:
-    """/memory: both memory files as they are on disk now (this session's prompt may be
-    older), their entries and how full they are."""
+    """/memory: both memory files as they are on disk now (this session's prompt may be older)."""
     store = MemoryStore(hermes_home())
     for target, name in MEMORY_FILES.items():
         try:
@@ -3538,26 +3517,6 @@ def demo_turn(session: Session, line: str) -> bool:
     shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line):,} characters)"
     console.print(Text(f"\n{STAGE}> {shown}", style="bold"))
     return run_turn(session, line)
-
-def demo_memory(template: Session) -> bool:
-    """The demo's story: save, look at the prompts, then two refusals."""
-    first = new_demo_session(template)
-    before = first.messages[0]["content"]
-    if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
-        return False
-    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
-                       f"{first.messages[0]['content'] == before}", style="bold"))
-    section = memory_snapshot_section(hermes_home())
-    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
-                       style="bold"))
-    console.print(Text(section, style="dim"))
-    console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
-                       style="bold"))
-    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
-        return False
-    console.print(Text(f"the memory files are unchanged: "
-                       f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
-    return True
 
 # ── [s08] Skill commands ────────────────────────────────────────────────────
 
