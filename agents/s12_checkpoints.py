@@ -1711,17 +1711,14 @@ SKILLS_GUIDANCE = ("Skills are procedures saved for later. Only their names and 
                    "save a procedure that worked, so that later sessions can reuse it.")
 
 class SkillError(Exception):
-    """A skill that cannot be used, or a change that was not made. The message names
-    the file and the problem; nothing was written."""
+    """A skill that cannot be used, or a change that was not made (nothing was written)."""
 
 class SkillRefused(SkillError):
     """A change that the threat scan refused."""
 
 def skills_index_section(home: Path) -> str:
-    """The system prompt's part about skills: names and one-line descriptions, never
-    the bodies ("" when there are no skills). A body is loaded with skill_view when a
-    task needs it, so a hundred skills cost the prompt a hundred lines, not a hundred
-    files, and the prompt stays the same until a new session starts."""
+    """The system prompt's part about skills ("" without any): names and one-line
+    descriptions, never bodies, so a hundred skills cost a hundred lines."""
     skills, bad, more = list_skills(skills_root(home))
     if not skills and not bad:
         return ""
@@ -1738,8 +1735,7 @@ def skills_list() -> str:
     return json.dumps({"skills": [{"name": name, "description": shown_description(description)}
                                   for name, description in skills],
                        "bad_skills": [{"name": name, "error": error} for name, error in bad],
-                       "not_listed": more,
-                       "hint": "skill_view(name) loads a skill's instructions"},
+                       "not_listed": more, "hint": "skill_view(name) loads a skill's instructions"},
                       ensure_ascii=False)
 
 def skill_view(name: str) -> str:
@@ -1750,7 +1746,7 @@ def skill_view(name: str) -> str:
         return error_result(str(exc))
     # Writes through skill_manage were scanned; a skill copied in by hand was not: it
     # gets the same strict scan here.
-    findings = skill_threats(text, front)
+    findings = find_memory_threats(text)
     if findings:
         return refusal(f"skills/{name}/SKILL.md contains potential prompt injection "
                        f"({', '.join(findings)}); not loaded")
@@ -1805,16 +1801,12 @@ def check_skill_text(text: str, name: str) -> None:
     if size > MAX_SKILL_FILE_BYTES:
         raise SkillError(f"skills/{name}/{SKILL_FILE} would be {size:,} bytes; the limit is "
                          f"{MAX_SKILL_FILE_BYTES:,}")
-    front = parse_skill(text, name)
-    findings = skill_threats(text, front)
+    parse_skill(text, name)
+    findings = find_memory_threats(text)
     if findings:
         raise SkillRefused(f"refused: the new skills/{name}/{SKILL_FILE} contains potential "
                            f"prompt injection or exfiltration ({', '.join(findings)}); "
                            f"nothing was written")
-
-def skill_threats(text: str, front: dict) -> list[str]:
-    """The strict scan (s07) of a SKILL.md: the one memory writes get."""
-    return find_memory_threats(text)
 
 def create_skill(name: str, content: str) -> str:
     path = skill_file(name)
@@ -1856,7 +1848,6 @@ def delete_skill(name: str) -> str:
 FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)^---[ \t]*\r?$", re.DOTALL | re.MULTILINE)
 
 def skills_root(home: Path | None = None) -> Path:
-    """$LEARN_HERMES_HOME/skills."""
     return (home or hermes_home()) / SKILLS_DIR_NAME
 
 def refusal(message: str) -> str:
@@ -1874,15 +1865,13 @@ def read_skill_text(path: Path, name: str) -> str:
         with open(path, "rb") as file:
             data = file.read(MAX_SKILL_FILE_BYTES + 1)
     except OSError as exc:
-        raise SkillError(f"{label}: cannot be read ({exc.strerror or type(exc).__name__})") \
-            from None
+        raise SkillError(f"{label}: cannot be read ({exc.strerror or exc})") from None
     if len(data) > MAX_SKILL_FILE_BYTES:
         raise SkillError(f"{label}: larger than {MAX_SKILL_FILE_BYTES:,} bytes")
     return data.decode("utf-8", "replace").removeprefix("\ufeff")
 
 def parse_skill(text: str, name: str) -> dict:
-    """The checked front matter of skill `name`'s SKILL.md text. Raises SkillError
-    naming the file and the problem."""
+    """The checked front matter of a SKILL.md text; SkillError names the file and problem."""
     label = f"skills/{name}/{SKILL_FILE}"
     found = FRONT_MATTER.match(text)
     if found is None:
@@ -1893,8 +1882,7 @@ def parse_skill(text: str, name: str) -> dict:
     except (yaml.YAMLError, RecursionError) as exc:
         raise SkillError(f"{label}: the front matter is not valid YAML "
                          f"({first_line(exc, 120)})") from None
-    problem = front_matter_problem(front, name)
-    if problem:
+    if problem := front_matter_problem(front, name):
         raise SkillError(f"{label}: {problem}")
     return front
 
@@ -1916,8 +1904,7 @@ def front_matter_problem(front, name: str) -> str | None:
 
 def load_skill(name: str, root: Path | None = None) -> tuple[dict, str]:
     """(front matter, whole text) of a usable skill. Raises SkillError otherwise."""
-    path = skill_file(name, root)
-    text = read_skill_text(path, name)
+    text = read_skill_text(skill_file(name, root), name)
     return parse_skill(text, name), text
 
 def list_skills(root: Path) -> tuple[list, list, int]:
@@ -1938,9 +1925,8 @@ def list_skills(root: Path) -> tuple[list, list, int]:
     return skills, bad, len(folders) - len(skills) - len(bad)
 
 def shown_description(description: str) -> str:
-    """A description as the index shows it: one line, capped, and scanned as shown,
-    because the index is part of the system prompt, where a poisoned description
-    would be an order."""
+    """A description as the index shows it: one line, capped, and scanned as shown (the
+    index is part of the system prompt, where a poisoned description would be an order)."""
     line = " ".join(description.split())
     if len(line) > INDEX_DESCRIPTION_CHARS:
         line = line[:INDEX_DESCRIPTION_CHARS - 1] + "…"
@@ -1956,14 +1942,9 @@ def supporting_files(folder: Path) -> tuple[list[str], bool]:
     found = []
     for current, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for file in sorted(files):
-            relative = (Path(current) / file).relative_to(folder).as_posix()
-            if relative == SKILL_FILE:
-                continue
-            if len(found) == MAX_SUPPORTING_FILES:
-                return found, True
-            found.append(relative)
-    return found, False
+        found += [(Path(current) / file).relative_to(folder).as_posix() for file in sorted(files)]
+    found = [relative for relative in found if relative != SKILL_FILE]
+    return found[:MAX_SUPPORTING_FILES], len(found) > MAX_SUPPORTING_FILES
 
 # ── [s07] Memory ────────────────────────────────────────────────────────────
 
@@ -2710,15 +2691,13 @@ def build_system_prompt(cwd: Path | None, home: Path) -> str:
     """Identity, tool guidance, memory, context files, environment: always in this order.
     `cwd` is None when the working directory was deleted: there are no project files."""
     parts = [load_identity(home), "## Using tools\n" + TOOL_GUIDANCE]
-    memory = memory_snapshot_section(home)          # [s07] a snapshot: this runs once
-    if memory is not None:
+    if memory := memory_snapshot_section(home):     # [s07] a snapshot: this runs once
         parts.append(memory)
     for name in (CONTEXT_FILE_NAMES if cwd is not None else ()):
         content = load_context_file(cwd / name)
         if content is not None:
             parts.append(f"## Project instructions from {name}\n{content.rstrip()}")
-    skills = skills_index_section(home)                 # "" when there are no skills
-    if skills:
+    if skills := skills_index_section(home):            # "" when there are no skills
         parts.append(skills)
     parts.append("## Environment\n" + environment_section(cwd))
     return "\n\n".join(parts)
@@ -4931,8 +4910,7 @@ def skill_summary(data: dict) -> str | None:
     if "supporting_files" in data:
         found = FRONT_MATTER.match(data["content"])
         steps = [line for line in data["content"][found.end():].splitlines() if line.strip()]
-        lines = [f"I loaded the skill '{data['name']}' and will follow it:"] + steps[:6]
-        return "\n".join(lines)
+        return "\n".join([f"I loaded the skill '{data['name']}' and will follow it:"] + steps[:6])
     if data.get("success") is True and "message" in data:
         return data["message"]
     return None
