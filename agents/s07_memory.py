@@ -231,8 +231,7 @@ def read_memory_file(path: Path) -> str | None:
     except UnicodeDecodeError as exc:
         raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
     except OSError as exc:
-        raise MemoryFileError(f"{path.name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+        raise MemoryFileError(f"{path.name} could not be read: {exc.strerror or exc}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 def memory_block(home: Path, target: str) -> str | None:
@@ -1939,10 +1938,13 @@ DEMO_INPUTS = ["remember The tests run with: pytest -n 0 -q",
 
 def run_demo(session: Session) -> int:
     """Two facts saved, the prompts compared, two writes refused: in a home of its own."""
+    def new_session() -> Session:           # its system prompt reads the memory files now
+        return Session(session.client, session.model, session.base_url,
+                       session.max_iterations, session.tools, None)
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
     with tempfile.TemporaryDirectory(prefix="s07-demo-") as folder, \
             mock.patch.dict(os.environ, LEARN_HERMES_HOME=folder):   # then yours comes back
-        first = new_demo_session(session)
+        first = new_session()
         before = first.messages[0]["content"]
         if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
             return 1
@@ -1954,7 +1956,7 @@ def run_demo(session: Session) -> int:
         console.print(Text(section, style="dim"))
         console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
                            style="bold"))
-        if not all(demo_turn(new_demo_session(session), line) for line in DEMO_INPUTS[2:]):
+        if not all(demo_turn(new_session(), line) for line in DEMO_INPUTS[2:]):
             return 1
         console.print(Text(f"the memory files are unchanged: "
                            f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
@@ -2247,11 +2249,6 @@ def show_memory(session: Session, argument: str) -> None:
             console.print(Text(f"  {number}. " + entry.replace("\n", "\n     ") + mark))
 
 COMMANDS["/memory"] = show_memory
-
-def new_demo_session(template: Session) -> Session:
-    """A new session like `template`: its system prompt reads the memory files now."""
-    return Session(template.client, template.model, template.base_url,
-                   template.max_iterations, template.tools, None)
 
 def demo_turn(session: Session, line: str) -> bool:
     shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line):,} characters)"

@@ -486,8 +486,7 @@ def read_memory_file(path: Path) -> str | None:
     except UnicodeDecodeError as exc:
         raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
     except OSError as exc:
-        raise MemoryFileError(f"{path.name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+        raise MemoryFileError(f"{path.name} could not be read: {exc.strerror or exc}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 def memory_block(home: Path, target: str) -> str | None:
@@ -2204,7 +2203,8 @@ def run_demo(session: Session) -> int:
         console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
                            "body; the model loads the body when a task needs it:", style="bold"))
         second = restarted_session(session)
-        console.print(Text(skills_part(second.messages[0]["content"]), style="dim"))
+        prompt = second.messages[0]["content"]
+        console.print(Text(prompt[prompt.find("## Skills"):].split("\n\n## ")[0], style="dim"))
         poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}
         for line in DEMO_INPUTS + ["call skill_manage " + json.dumps(poisoned)]:
             demo_turn(second, line)
@@ -2498,11 +2498,6 @@ def show_memory(session: Session, argument: str) -> None:
 
 COMMANDS["/memory"] = show_memory
 
-def new_demo_session(template: Session) -> Session:
-    """A new session like `template`: its system prompt reads the memory files now."""
-    return Session(template.client, template.model, template.base_url,
-                   template.max_iterations, template.tools, None)
-
 def demo_turn(session: Session, line: str) -> bool:
     shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line):,} characters)"
     console.print(Text(f"\n{STAGE}> {shown}", style="bold"))
@@ -2538,11 +2533,6 @@ def restarted_session(template: Session) -> Session:
     """A new session, as after a restart: its system prompt is built now."""
     return Session(template.client, template.model, template.base_url,
                    template.max_iterations, template.tools, None)
-
-def skills_part(prompt: str) -> str:
-    """The "## Skills" part of a system prompt, or a note that it has none."""
-    _, found, rest = prompt.partition("\n## Skills\n")
-    return "## Skills\n" + rest.partition("\n\n## ")[0] if found else "(no skills part)"
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 

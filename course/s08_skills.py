@@ -691,6 +691,7 @@ def restarted_session(template: Session) -> Session:
                    template.max_iterations, template.tools, None)
 
 
+#: hardened
 def skills_part(prompt: str) -> str:
     """The "## Skills" part of a system prompt, or a note that it has none."""
     _, found, rest = prompt.partition("\n## Skills\n")
@@ -923,7 +924,8 @@ def run_demo(session: Session) -> int:
         console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
                            "body; the model loads the body when a task needs it:", style="bold"))
         second = restarted_session(session)
-        console.print(Text(skills_part(second.messages[0]["content"]), style="dim"))
+        prompt = second.messages[0]["content"]
+        console.print(Text(prompt[prompt.find("## Skills"):].split("\n\n## ")[0], style="dim"))
         poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}
         for line in DEMO_INPUTS + ["call skill_manage " + json.dumps(poisoned)]:
             demo_turn(second, line)
