@@ -2,24 +2,14 @@
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
 What this stage adds
-    The smallest working agent: send the conversation to a chat model, run every tool
-    call it asks for, send the results back, and repeat until the model answers without
-    asking for a tool. Every tool call gets exactly one result, even after an error or
-    Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
-
-    user ──▶ messages ──▶ model ──▶ tool calls? ──no──▶ answer
-                ▲                       │ yes
-                └──── tool results ◀── terminal (timeout, truncation)
-
+    Send the conversation to a chat model, run every tool call it asks for, send the
+    results back; repeat until it answers without a tool call. Every call gets exactly one
+    result, even on Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
 Reading guide
-    Below the imports: "[s01] Settings", then "[s01] The agent loop", the lesson
-    (run_conversation() is the whole idea), the terminal tool, the endpoint, and the
-    details of the loop and the terminal. Last come "[s01] Command line and REPL" and
-    the offline model: plumbing, not the lesson.
+    "[s01] The agent loop" is the lesson (run_conversation()); then the terminal tool, the
+    endpoint and their details. The REPL and the offline model are plumbing.
 Run
-    python agents/s01_loop.py                 # REPL (offline model without a key)
-    python agents/s01_loop.py --demo          # the walk-through
-    python agents/s01_loop.py -p '$ uname -a' # one question, then exit
+    python agents/s01_loop.py [--demo | -p '$ uname -a']     # offline model without a key
 Chapter: docs/en/s01-loop.md
 """
 
@@ -60,11 +50,8 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
-    """The agent loop. Returns the final answer text.
-
-    The loop ends when the assistant message has no tool calls: we trust the
-    message itself, not finish_reason, which some servers report wrongly.
-    """
+    """The agent loop; returns the answer. A message without tool calls ends it (we trust
+    the message: some servers get finish_reason wrong)."""
     on_event = on_event or (lambda kind, data: None)
     for _ in range(max_iterations):
         response = client.chat.completions.create(
@@ -78,11 +65,7 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
-    """Run the calls in order; each one gets exactly one tool message.
-
-    If Ctrl-C arrives, the interrupted call and every call after it still get a
-    result ("interrupted"), so the conversation stays valid; then we re-raise.
-    """
+    """Run the calls in order, one tool message each; on Ctrl-C the open calls get one too."""
     try:
         for call_id, name, arguments in map(call_parts, tool_calls):
             on_event("tool_call", {"name": name, "arguments": arguments})
@@ -123,18 +106,15 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                    "combined stdout/stderr and exit code.",
     "parameters": {"type": "object", "required": ["command"], "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
-        "timeout": {"type": "integer",
-                    "description": f"Seconds before the command is killed "
-                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
-    }}}}
+        "timeout": {"type": "integer", "description": f"Seconds before the command is killed "
+                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."}}}}}
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
     if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
-        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
-                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+        return json.dumps({"error": f"need a command and a timeout of 1-{MAX_TERMINAL_TIMEOUT} s"})
     with start_command(command) as proc:
         try:
             raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
@@ -150,8 +130,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
 
 def start_command(command: str) -> subprocess.Popen:
-    """A new session makes the command the leader of its own process group, so a
-    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    """In a session (process group) of its own: a timeout or Ctrl-C kills its children too."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -163,20 +142,17 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 
 
 def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
 def tool_fields(tools: list) -> dict:
-    """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
-    but llama-cpp-python's server leaves the tools out of the prompt without it. For a
-    server that refuses the field (vLLM without --enable-auto-tool-choice): omit."""
+    """The tools, and tool_choice "auto" said out loud: llama-cpp-python's server ignores
+    the tools without it. HERMES_TOOL_CHOICE=omit: for a server that refuses the field."""
     if not tools:
         return {}
-    if os.environ.get(TOOL_CHOICE_VAR) == "omit":
-        return {"tools": tools}
-    return {"tools": tools, "tool_choice": "auto"}
+    omit = os.environ.get(TOOL_CHOICE_VAR) == "omit"
+    return {"tools": tools} if omit else {"tools": tools, "tool_choice": "auto"}
 
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
@@ -214,7 +190,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     try:
@@ -223,25 +198,21 @@ def first_message(response):
             return message
     except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
         pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
+    raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
 def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
-    (a 'custom' call without `function`, say) gets a name no tool has."""
+    """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
     function = getattr(call, "function", None)
     parts = (getattr(call, "id", ""), getattr(function, "name", ""),
              getattr(function, "arguments", ""))
     return tuple(safe_text(str(part or "")) for part in parts)
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    """Answer each call of the last assistant message that has no result yet: `reason`."""
     start = len(messages)
     while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
@@ -256,8 +227,7 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
 
 
 class BoundedOutput:
-    """Output cut to its first and last part, with a count of what was cut: errors
-    tend to be at the end."""
+    """Output cut to its first and last part, and a count of the cut: errors come at the end."""
 
     def __init__(self, limit: int = MAX_OUTPUT_CHARS):
         self.limit, self.whole = limit, ""
@@ -297,7 +267,6 @@ class Session:
         self.max_iterations, self.messages = max_iterations, []
 
 def show_event(kind: str, data: dict) -> None:
-    """Print tool calls and results compactly."""
     if kind == "tool_call":
         console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
                            style="cyan"))
@@ -310,8 +279,7 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         data = json.loads(result)
     except json.JSONDecodeError:
         data = None
-    if not isinstance(data, dict):
-        data = {"output": result}
+    data = data if isinstance(data, dict) else {"output": result}
     header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
     lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
     if len(lines) > max_lines:
@@ -320,9 +288,8 @@ def indent_result(result: str, max_lines: int = 12) -> str:
 
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
-    if len(arguments) <= limit:
-        return arguments
-    return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
+    more = len(arguments) - limit
+    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -337,8 +304,7 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-# later stages add their own slash commands
-COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  # stages add more
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
@@ -354,33 +320,24 @@ def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
-def read_line(prompt: str, interactive: bool) -> str | None:
-    """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
-    if interactive:
-        try:
-            return undecodable_to_replacement(input(prompt))
-        except EOFError:                    # Ctrl-D: end the prompt line before leaving
-            console.print()
-            return None
-    line = sys.stdin.readline() if sys.stdin else ""
-    if not line:
-        return None
-    line = undecodable_to_replacement(line.rstrip("\n"))
-    console.print(Text(prompt + line, style="bold"))
-    return line
-
 def repl(session: Session) -> int:
+    """Read a line and run it, until /quit or the end of the input."""
     interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
     while True:
         try:                                # Ctrl-C at the prompt clears the line
-            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
+            line = CtrlC.allow(input, f"{STAGE}> " if interactive else "")
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
-        if line is None or line.strip() == "/quit":
+        except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
+            return 0
+        line = undecodable_to_replacement(line)
+        if not interactive:                 # show a piped line as if it had been typed
+            console.print(Text(f"{STAGE}> {line}", style="bold"))
+        if line.strip() == "/quit":
             return 0
         if line.strip().startswith("/"):
             handle_command(session, line)
@@ -391,7 +348,7 @@ def repl(session: Session) -> int:
                 answer_open_tool_calls(session.messages, "interrupted by the user")
                 console.print(Text("\n[turn cancelled]", style="yellow"))
 
-DEMO_INPUTS = ["$ echo hello from the terminal tool", "What can you do?"]
+DEMO_INPUTS = ["$ echo hello from the terminal tool", "$ echo limited"]
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
@@ -399,9 +356,7 @@ def run_demo(session: Session) -> int:
         console.print(Text(f"\n{STAGE}> {text}", style="bold"))
         if not run_turn(session, text):
             return 1
-    console.print(Text("\nWith --max-iterations 1, one model call ends the turn:", style="bold"))
-    session.max_iterations = 1
-    run_turn(session, "$ echo limited")
+        session.max_iterations = 1          # the next turn meets --max-iterations 1
     return 0
 
 def positive_int(text: str) -> int:
@@ -437,9 +392,8 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations)
 
 class CtrlC:
-    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
-    is ready again, so the clean-up of a cancelled turn (killing the command, answering
-    its tool calls) is never cut in half and never ends in a traceback."""
+    """Ctrl-C cancels what runs, once: more presses wait until the REPL is ready again, so
+    a cancelled turn's clean-up (kill the command, answer its calls) is never cut short."""
     armed = True
 
     @classmethod
@@ -454,8 +408,7 @@ class CtrlC:
             raise KeyboardInterrupt
 
     @classmethod
-    def allow(cls, function, *args):
-        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+    def allow(cls, function, *args):            # function(*args), which Ctrl-C may cancel
         cls.armed = True
         try:
             return function(*args)
@@ -463,8 +416,7 @@ class CtrlC:
             cls.armed = False
 
 def exit_on_signals() -> None:
-    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
-    Ctrl-C does: a running command's process group is killed on the way out."""
+    """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
@@ -491,13 +443,10 @@ def main(argv=None) -> int:
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
-# openai client builds requests and parses answers as it does with a real endpoint.
-
-# The verbs it names when it does not understand: the ones that fit this stage best.
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1: the real openai
+# client talks to it as to any endpoint. It names these verbs when it does not understand.
 OFFLINE_VERBS = "'$ <command>'"
 
-# Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
@@ -512,13 +461,10 @@ def offline_summary(messages: list) -> str:
     data = json.loads(messages[-1]["content"])
     if "exit_code" not in data:
         return f"The tool reported: {first_line(data.get('error', ''), 160)}"
-    summary = (f"The command exited with code {data['exit_code']}; first line of output: "
-               f"{first_line(data['output'], 120) or '(no output)'}")
     cut = re.search(r"\[(\d+) characters truncated\]", data["output"])
-    if cut:
-        summary += (f"\nThe output was long: I received its start and end, "
-                    f"{cut.group(1)} characters in the middle were cut.")
-    return summary
+    return (f"The command exited with code {data['exit_code']}; first line of output: "
+            f"{first_line(data['output'], 120) or '(no output)'}"
+            + (f"\n{cut.group(1)} characters in the middle were cut." if cut else ""))
 
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
@@ -533,12 +479,10 @@ def offline_reply(messages: list, counter: list) -> dict:
                                            "type": "function", "function": function}]}
 
 def completion_body(reply: dict, model: str) -> dict:
-    message = {"role": "assistant", "content": reply.get("content")}
-    if reply.get("tool_calls"):
-        message["tool_calls"] = reply["tool_calls"]
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            "choices": [{"index": 0, "message": {"role": "assistant", **reply},
+                         "finish_reason": finish}]}
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean

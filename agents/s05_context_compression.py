@@ -1095,18 +1095,15 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                    "combined stdout/stderr and exit code.",
     "parameters": {"type": "object", "required": ["command"], "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
-        "timeout": {"type": "integer",
-                    "description": f"Seconds before the command is killed "
-                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
-    }}}}
+        "timeout": {"type": "integer", "description": f"Seconds before the command is killed "
+                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."}}}}}
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
     if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
-        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
-                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+        return json.dumps({"error": f"need a command and a timeout of 1-{MAX_TERMINAL_TIMEOUT} s"})
     with start_command(command) as proc:
         try:
             raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
@@ -1122,8 +1119,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
 
 def start_command(command: str) -> subprocess.Popen:
-    """A new session makes the command the leader of its own process group, so a
-    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    """In a session (process group) of its own: a timeout or Ctrl-C kills its children too."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -1132,20 +1128,17 @@ def start_command(command: str) -> subprocess.Popen:
 
 
 def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
 def tool_fields(tools: list) -> dict:
-    """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
-    but llama-cpp-python's server leaves the tools out of the prompt without it. For a
-    server that refuses the field (vLLM without --enable-auto-tool-choice): omit."""
+    """The tools, and tool_choice "auto" said out loud: llama-cpp-python's server ignores
+    the tools without it. HERMES_TOOL_CHOICE=omit: for a server that refuses the field."""
     if not tools:
         return {}
-    if os.environ.get(TOOL_CHOICE_VAR) == "omit":
-        return {"tools": tools}
-    return {"tools": tools, "tool_choice": "auto"}
+    omit = os.environ.get(TOOL_CHOICE_VAR) == "omit"
+    return {"tools": tools} if omit else {"tools": tools, "tool_choice": "auto"}
 
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
@@ -1183,7 +1176,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     try:
@@ -1192,25 +1184,21 @@ def first_message(response):
             return message
     except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
         pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
+    raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
 def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
-    (a 'custom' call without `function`, say) gets a name no tool has."""
+    """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
     function = getattr(call, "function", None)
     parts = (getattr(call, "id", ""), getattr(function, "name", ""),
              getattr(function, "arguments", ""))
     return tuple(safe_text(str(part or "")) for part in parts)
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    """Answer each call of the last assistant message that has no result yet: `reason`."""
     start = len(messages)
     while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
@@ -1225,8 +1213,7 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
 
 
 class BoundedOutput:
-    """Output cut to its first and last part, with a count of what was cut: errors
-    tend to be at the end."""
+    """Output cut to its first and last part, and a count of the cut: errors come at the end."""
 
     def __init__(self, limit: int = MAX_OUTPUT_CHARS):
         self.limit, self.whole = limit, ""
@@ -1320,8 +1307,7 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         data = json.loads(result)
     except json.JSONDecodeError:
         data = None
-    if not isinstance(data, dict):
-        data = {"output": result}
+    data = data if isinstance(data, dict) else {"output": result}
     header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
     lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
     if len(lines) > max_lines:
@@ -1330,9 +1316,8 @@ def indent_result(result: str, max_lines: int = 12) -> str:
 
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
-    if len(arguments) <= limit:
-        return arguments
-    return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
+    more = len(arguments) - limit
+    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -1348,8 +1333,7 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-# later stages add their own slash commands
-COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  # stages add more
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
@@ -1365,33 +1349,24 @@ def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
-def read_line(prompt: str, interactive: bool) -> str | None:
-    """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
-    if interactive:
-        try:
-            return undecodable_to_replacement(input(prompt))
-        except EOFError:                    # Ctrl-D: end the prompt line before leaving
-            console.print()
-            return None
-    line = sys.stdin.readline() if sys.stdin else ""
-    if not line:
-        return None
-    line = undecodable_to_replacement(line.rstrip("\n"))
-    console.print(Text(prompt + line, style="bold"))
-    return line
-
 def repl(session: Session) -> int:
+    """Read a line and run it, until /quit or the end of the input."""
     interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
     while True:
         try:                                # Ctrl-C at the prompt clears the line
-            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
+            line = CtrlC.allow(input, f"{STAGE}> " if interactive else "")
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
-        if line is None or line.strip() == "/quit":
+        except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
+            return 0
+        line = undecodable_to_replacement(line)
+        if not interactive:                 # show a piped line as if it had been typed
+            console.print(Text(f"{STAGE}> {line}", style="bold"))
+        if line.strip() == "/quit":
             return 0
         if line.strip().startswith("/"):
             handle_command(session, line)
@@ -1478,9 +1453,8 @@ def open_session(args) -> Session:
                    args.context_length)
 
 class CtrlC:
-    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
-    is ready again, so the clean-up of a cancelled turn (killing the command, answering
-    its tool calls) is never cut in half and never ends in a traceback."""
+    """Ctrl-C cancels what runs, once: more presses wait until the REPL is ready again, so
+    a cancelled turn's clean-up (kill the command, answer its calls) is never cut short."""
     armed = True
 
     @classmethod
@@ -1495,8 +1469,7 @@ class CtrlC:
             raise KeyboardInterrupt
 
     @classmethod
-    def allow(cls, function, *args):
-        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+    def allow(cls, function, *args):            # function(*args), which Ctrl-C may cancel
         cls.armed = True
         try:
             return function(*args)
@@ -1504,8 +1477,7 @@ class CtrlC:
             cls.armed = False
 
 def exit_on_signals() -> None:
-    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
-    Ctrl-C does: a running command's process group is killed on the way out."""
+    """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
@@ -1673,7 +1645,6 @@ def demo_context_length(tools: list) -> int:
 # The verbs it names when it does not understand: the ones that fit this stage best.
 OFFLINE_VERBS = "'context', 'prompt' or '$ <command>'"
 
-# Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
@@ -1754,12 +1725,10 @@ def offline_reply(messages: list, counter: list) -> dict:
                                            "function": {"name": name, "arguments": arguments}}]}
 
 def completion_body(reply: dict, model: str) -> dict:
-    message = {"role": "assistant", "content": reply.get("content")}
-    if reply.get("tool_calls"):
-        message["tool_calls"] = reply["tool_calls"]
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            "choices": [{"index": 0, "message": {"role": "assistant", **reply},
+                         "finish_reason": finish}]}
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean

@@ -4,24 +4,14 @@
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
 What this stage adds
-    The smallest working agent: send the conversation to a chat model, run every tool
-    call it asks for, send the results back, and repeat until the model answers without
-    asking for a tool. Every tool call gets exactly one result, even after an error or
-    Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
-
-    user ──▶ messages ──▶ model ──▶ tool calls? ──no──▶ answer
-                ▲                       │ yes
-                └──── tool results ◀── terminal (timeout, truncation)
-
+    Send the conversation to a chat model, run every tool call it asks for, send the
+    results back; repeat until it answers without a tool call. Every call gets exactly one
+    result, even on Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
 Reading guide
-    Below the imports: "[s01] Settings", then "[s01] The agent loop", the lesson
-    (run_conversation() is the whole idea), the terminal tool, the endpoint, and the
-    details of the loop and the terminal. Last come "[s01] Command line and REPL" and
-    the offline model: plumbing, not the lesson.
+    "[s01] The agent loop" is the lesson (run_conversation()); then the terminal tool, the
+    endpoint and their details. The REPL and the offline model are plumbing.
 Run
-    python agents/s01_loop.py                 # REPL (offline model without a key)
-    python agents/s01_loop.py --demo          # the walk-through
-    python agents/s01_loop.py -p '$ uname -a' # one question, then exit
+    python agents/s01_loop.py [--demo | -p '$ uname -a']     # offline model without a key
 Chapter: docs/en/s01-loop.md
 """
 
@@ -98,6 +88,25 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 #: section The agent loop
 
 
+#: teaching
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
+    """The agent loop; returns the answer. A message without tool calls ends it (we trust
+    the message: some servers get finish_reason wrong)."""
+    on_event = on_event or (lambda kind, data: None)
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, **tool_fields(TOOL_SCHEMAS))
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        run_tool_calls(message.tool_calls, messages, on_event)
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+#: hardened
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
     """The agent loop. Returns the final answer text.
@@ -118,6 +127,21 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 
+#: teaching
+def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
+    """Run the calls in order, one tool message each; on Ctrl-C the open calls get one too."""
+    try:
+        for call_id, name, arguments in map(call_parts, tool_calls):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result = safe_text(execute_tool_call(name, arguments))
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+
+
+#: hardened
 def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     """Run the calls in order; each one gets exactly one tool message.
 
@@ -187,10 +211,8 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                    "combined stdout/stderr and exit code.",
     "parameters": {"type": "object", "required": ["command"], "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
-        "timeout": {"type": "integer",
-                    "description": f"Seconds before the command is killed "
-                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
-    }}}}
+        "timeout": {"type": "integer", "description": f"Seconds before the command is killed "
+                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."}}}}}
 
 
 #: hardened
@@ -221,8 +243,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
     if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
-        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
-                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+        return json.dumps({"error": f"need a command and a timeout of 1-{MAX_TERMINAL_TIMEOUT} s"})
     with start_command(command) as proc:
         try:
             raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
@@ -281,8 +302,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 
 #: teaching
 def start_command(command: str) -> subprocess.Popen:
-    """A new session makes the command the leader of its own process group, so a
-    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    """In a session (process group) of its own: a timeout or Ctrl-C kills its children too."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -294,6 +314,14 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 #: section Talking to an endpoint
 
 
+#: teaching
+def make_client(base_url: str | None, api_key: str | None):
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
+    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
+                         max_retries=0, timeout=API_TIMEOUT)
+
+
+#: hardened
 def make_client(base_url: str | None, api_key: str | None):
     """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
     # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
@@ -301,6 +329,17 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+#: teaching
+def tool_fields(tools: list) -> dict:
+    """The tools, and tool_choice "auto" said out loud: llama-cpp-python's server ignores
+    the tools without it. HERMES_TOOL_CHOICE=omit: for a server that refuses the field."""
+    if not tools:
+        return {}
+    omit = os.environ.get(TOOL_CHOICE_VAR) == "omit"
+    return {"tools": tools} if omit else {"tools": tools, "tool_choice": "auto"}
+
+
+#: hardened
 def tool_fields(tools: list) -> dict:
     """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
     but llama-cpp-python's server leaves the tools out of the prompt without it. For a
@@ -398,7 +437,6 @@ def first_line(text: str, limit: int = 200) -> str:
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
-
 #: teaching
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
@@ -408,8 +446,7 @@ def first_message(response):
             return message
     except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
         pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
+    raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
 
 #: hardened
@@ -429,6 +466,13 @@ def first_message(response):
                              "check OPENAI_BASE_URL and --model")
 
 
+#: teaching
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+#: hardened
 def safe_text(text: str) -> str:
     """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
     or undecodable input) become "?" instead of crashing the next step."""
@@ -437,8 +481,7 @@ def safe_text(text: str) -> str:
 
 #: teaching
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
-    (a 'custom' call without `function`, say) gets a name no tool has."""
+    """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
     function = getattr(call, "function", None)
     parts = (getattr(call, "id", ""), getattr(function, "name", ""),
              getattr(function, "arguments", ""))
@@ -457,6 +500,21 @@ def call_parts(call) -> tuple[str, str, str]:
     return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
+#: teaching
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Answer each call of the last assistant message that has no result yet: `reason`."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    if not isinstance(calls, list):             # also a hand-edited session
+        return
+    for call in calls[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+
+#: hardened
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
@@ -475,8 +533,7 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
 
 #: teaching
 class BoundedOutput:
-    """Output cut to its first and last part, with a count of what was cut: errors
-    tend to be at the end."""
+    """Output cut to its first and last part, and a count of the cut: errors come at the end."""
 
     def __init__(self, limit: int = MAX_OUTPUT_CHARS):
         self.limit, self.whole = limit, ""
@@ -641,6 +698,16 @@ class Session:
         self.messages: list = []
 
 
+#: teaching
+def show_event(kind: str, data: dict) -> None:
+    if kind == "tool_call":
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
+    elif kind == "tool_result":
+        console.print(Text(indent_result(data["result"]), style="dim"))
+
+
+#: hardened
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
@@ -650,6 +717,22 @@ def show_event(kind: str, data: dict) -> None:
         console.print(Text(indent_result(data["result"]), style="dim"))
 
 
+#: teaching
+def indent_result(result: str, max_lines: int = 12) -> str:
+    """A tool result as a short indented block: a status line, then the output."""
+    try:
+        data = json.loads(result)
+    except json.JSONDecodeError:
+        data = None
+    data = data if isinstance(data, dict) else {"output": result}
+    header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
+    lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
+    return "\n".join([header] + [f"    {line}" for line in lines])
+
+
+#: hardened
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
     try:
@@ -665,6 +748,14 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines])
 
 
+#: teaching
+def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
+    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
+    more = len(arguments) - limit
+    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
+
+
+#: hardened
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     if len(arguments) <= limit:
@@ -692,8 +783,7 @@ def show_help(session: Session, argument: str) -> None:
 
 
 #: teaching
-# later stages add their own slash commands
-COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  # stages add more
 
 
 #: hardened
@@ -726,6 +816,7 @@ def undecodable_to_replacement(line: str) -> str:
         return safe_text(line)
 
 
+#: hardened
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
     if interactive:
@@ -744,17 +835,23 @@ def read_line(prompt: str, interactive: bool) -> str | None:
 
 #: teaching
 def repl(session: Session) -> int:
+    """Read a line and run it, until /quit or the end of the input."""
     interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
     while True:
         try:                                # Ctrl-C at the prompt clears the line
-            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
+            line = CtrlC.allow(input, f"{STAGE}> " if interactive else "")
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
-        if line is None or line.strip() == "/quit":
+        except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
+            return 0
+        line = undecodable_to_replacement(line)
+        if not interactive:                 # show a piped line as if it had been typed
+            console.print(Text(f"{STAGE}> {line}", style="bold"))
+        if line.strip() == "/quit":
             return 0
         if line.strip().startswith("/"):
             handle_command(session, line)
@@ -801,7 +898,7 @@ def repl(session: Session) -> int:
 
 
 #: teaching
-DEMO_INPUTS = ["$ echo hello from the terminal tool", "What can you do?"]
+DEMO_INPUTS = ["$ echo hello from the terminal tool", "$ echo limited"]
 
 
 #: hardened
@@ -819,9 +916,7 @@ def run_demo(session: Session) -> int:
         console.print(Text(f"\n{STAGE}> {text}", style="bold"))
         if not run_turn(session, text):
             return 1
-    console.print(Text("\nWith --max-iterations 1, one model call ends the turn:", style="bold"))
-    session.max_iterations = 1
-    run_turn(session, "$ echo limited")
+        session.max_iterations = 1          # the next turn meets --max-iterations 1
     return 0
 
 
@@ -916,9 +1011,8 @@ def open_session(args) -> Session:
 
 #: teaching
 class CtrlC:
-    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
-    is ready again, so the clean-up of a cancelled turn (killing the command, answering
-    its tool calls) is never cut in half and never ends in a traceback."""
+    """Ctrl-C cancels what runs, once: more presses wait until the REPL is ready again, so
+    a cancelled turn's clean-up (kill the command, answer its calls) is never cut short."""
     armed = True
 
     @classmethod
@@ -933,8 +1027,7 @@ class CtrlC:
             raise KeyboardInterrupt
 
     @classmethod
-    def allow(cls, function, *args):
-        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+    def allow(cls, function, *args):            # function(*args), which Ctrl-C may cancel
         cls.armed = True
         try:
             return function(*args)
@@ -976,8 +1069,7 @@ class CtrlC:
 
 #: teaching
 def exit_on_signals() -> None:
-    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
-    Ctrl-C does: a running command's process group is killed on the way out."""
+    """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
@@ -1018,12 +1110,24 @@ def main(argv=None) -> int:
 
 #: section Offline model (not part of the lesson) | plumbing, untagged
 
+#: teaching
+# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1: the real openai
+# client talks to it as to any endpoint. It names these verbs when it does not understand.
+OFFLINE_VERBS = "'$ <command>'"
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
 # openai client builds requests and parses answers as it does with a real endpoint.
 
 # The verbs it names when it does not understand: the ones that fit this stage best.
 OFFLINE_VERBS = "'$ <command>'"
 
+#: teaching
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
+
+#: hardened
 # Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
@@ -1042,13 +1146,10 @@ def offline_summary(messages: list) -> str:
     data = json.loads(messages[-1]["content"])
     if "exit_code" not in data:
         return f"The tool reported: {first_line(data.get('error', ''), 160)}"
-    summary = (f"The command exited with code {data['exit_code']}; first line of output: "
-               f"{first_line(data['output'], 120) or '(no output)'}")
     cut = re.search(r"\[(\d+) characters truncated\]", data["output"])
-    if cut:
-        summary += (f"\nThe output was long: I received its start and end, "
-                    f"{cut.group(1)} characters in the middle were cut.")
-    return summary
+    return (f"The command exited with code {data['exit_code']}; first line of output: "
+            f"{first_line(data['output'], 120) or '(no output)'}"
+            + (f"\n{cut.group(1)} characters in the middle were cut." if cut else ""))
 
 
 #: hardened
@@ -1110,12 +1211,10 @@ def offline_reply(messages: list, counter: list) -> dict:
 
 #: teaching
 def completion_body(reply: dict, model: str) -> dict:
-    message = {"role": "assistant", "content": reply.get("content")}
-    if reply.get("tool_calls"):
-        message["tool_calls"] = reply["tool_calls"]
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            "choices": [{"index": 0, "message": {"role": "assistant", **reply},
+                         "finish_reason": finish}]}
 
 
 #: hardened
