@@ -1,15 +1,12 @@
 # Generated from course/ by course/build.py: edit there, then rebuild.
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
-What this stage adds
-    Send the conversation to a chat model, run every tool call it asks for, send the
-    results back; repeat until it answers without a tool call. Every call gets exactly one
-    result, even on Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
-Reading guide
-    "[s01] The agent loop" is the lesson (run_conversation()); then the terminal tool, the
-    endpoint and their details. The REPL and the offline model are plumbing.
-Run
-    python agents/s01_loop.py [--demo | -p '$ uname -a']     # offline model without a key
+Send the conversation to a chat model, run every tool call it asks for, send the results
+back; repeat until it answers without one. Every call gets exactly one result, even on
+Ctrl-C; --max-iterations (default 30) ends a turn that never stops. POSIX (process groups).
+Reading guide: "[s01] The agent loop" is the lesson (run_conversation()), then the terminal
+tool, the endpoint and their details; the REPL and the offline model are plumbing.
+Run: python agents/s01_loop.py [--demo | -p '$ uname -a']   (offline model without a key)
 Chapter: docs/en/s01-loop.md
 """
 
@@ -217,11 +214,8 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
     while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
     calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
-    for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+    for call in (calls or [])[len(messages) - start:]:
+        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
 
@@ -245,12 +239,9 @@ class BoundedOutput:
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
     try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:                                   # Windows: no process groups here
-            proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass                                    # already gone
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):   # already gone
+        pass
 
 # ── [s01] Command line and REPL ─────────────────────────────────────────────
 
@@ -260,8 +251,6 @@ HELP_TEXT = """Commands:
   $ <command>    the offline model runs it with the terminal tool"""
 
 class Session:
-    """Everything one running agent needs: the client, the model, the messages."""
-
     def __init__(self, client, model: str, base_url: str, max_iterations: int):
         self.client, self.model, self.base_url = client, model, base_url
         self.max_iterations, self.messages = max_iterations, []
@@ -282,9 +271,8 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     data = data if isinstance(data, dict) else {"output": result}
     header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
     lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
-    return "\n".join([header] + [f"    {line}" for line in lines])
+    more = [f"… ({len(lines) - max_lines} more lines)"] if len(lines) > max_lines else []
+    return "\n".join([header] + [f"    {line}" for line in lines[:max_lines] + more])
 
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
@@ -392,8 +380,7 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations)
 
 class CtrlC:
-    """Ctrl-C cancels what runs, once: more presses wait until the REPL is ready again, so
-    a cancelled turn's clean-up (kill the command, answer its calls) is never cut short."""
+    """Ctrl-C cancels once; more presses wait for the REPL, so no clean-up is cut short."""
     armed = True
 
     @classmethod
@@ -417,9 +404,8 @@ class CtrlC:
 
 def exit_on_signals() -> None:
     """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, lambda signum, frame: sys.exit(128 + signum))
 
 def run_prompt(session: Session, text: str) -> int:
     """-p: one question or one slash command, then the exit code."""
@@ -437,9 +423,7 @@ def main(argv=None) -> int:
     session = open_session(args)
     if args.demo:
         return run_demo(session)
-    if args.prompt is not None:
-        return run_prompt(session, args.prompt)
-    return repl(session)
+    return repl(session) if args.prompt is None else run_prompt(session, args.prompt)
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 

@@ -3,15 +3,12 @@
 #: docstring | teaching
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
-What this stage adds
-    Send the conversation to a chat model, run every tool call it asks for, send the
-    results back; repeat until it answers without a tool call. Every call gets exactly one
-    result, even on Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
-Reading guide
-    "[s01] The agent loop" is the lesson (run_conversation()); then the terminal tool, the
-    endpoint and their details. The REPL and the offline model are plumbing.
-Run
-    python agents/s01_loop.py [--demo | -p '$ uname -a']     # offline model without a key
+Send the conversation to a chat model, run every tool call it asks for, send the results
+back; repeat until it answers without one. Every call gets exactly one result, even on
+Ctrl-C; --max-iterations (default 30) ends a turn that never stops. POSIX (process groups).
+Reading guide: "[s01] The agent loop" is the lesson (run_conversation()), then the terminal
+tool, the endpoint and their details; the REPL and the offline model are plumbing.
+Run: python agents/s01_loop.py [--demo | -p '$ uname -a']   (offline model without a key)
 Chapter: docs/en/s01-loop.md
 """
 
@@ -507,11 +504,8 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
     while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
     calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
-    for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+    for call in (calls or [])[len(messages) - start:]:
+        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
 
 
 #: hardened
@@ -649,6 +643,16 @@ def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
         output.add(decoder.decode(b"", final=True))
 
 
+#: teaching
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Kill the command and everything it started (its whole process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):   # already gone
+        pass
+
+
+#: hardened
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
     try:
@@ -679,8 +683,6 @@ The offline model understands:
 
 #: teaching
 class Session:
-    """Everything one running agent needs: the client, the model, the messages."""
-
     def __init__(self, client, model: str, base_url: str, max_iterations: int):
         self.client, self.model, self.base_url = client, model, base_url
         self.max_iterations, self.messages = max_iterations, []
@@ -727,9 +729,8 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     data = data if isinstance(data, dict) else {"output": result}
     header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
     lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
-    return "\n".join([header] + [f"    {line}" for line in lines])
+    more = [f"… ({len(lines) - max_lines} more lines)"] if len(lines) > max_lines else []
+    return "\n".join([header] + [f"    {line}" for line in lines[:max_lines] + more])
 
 
 #: hardened
@@ -1011,8 +1012,7 @@ def open_session(args) -> Session:
 
 #: teaching
 class CtrlC:
-    """Ctrl-C cancels what runs, once: more presses wait until the REPL is ready again, so
-    a cancelled turn's clean-up (kill the command, answer its calls) is never cut short."""
+    """Ctrl-C cancels once; more presses wait for the REPL, so no clean-up is cut short."""
     armed = True
 
     @classmethod
@@ -1070,9 +1070,8 @@ class CtrlC:
 #: teaching
 def exit_on_signals() -> None:
     """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, lambda signum, frame: sys.exit(128 + signum))
 
 
 #: hardened
@@ -1097,6 +1096,18 @@ def run_prompt(session: Session, text: str) -> int:
         return 130
 
 
+#: teaching
+def main(argv=None) -> int:
+    exit_on_signals()
+    CtrlC.install()
+    args = parse_args(argv)
+    session = open_session(args)
+    if args.demo:
+        return run_demo(session)
+    return repl(session) if args.prompt is None else run_prompt(session, args.prompt)
+
+
+#: hardened
 def main(argv=None) -> int:
     exit_on_signals()
     CtrlC.install()
