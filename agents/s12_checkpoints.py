@@ -3667,9 +3667,8 @@ def safe_text(text: str) -> str:
 
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
-    function = getattr(call, "function", None)
-    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
-             getattr(function, "arguments", ""))
+    fn = getattr(call, "function", None)
+    parts = getattr(call, "id", ""), getattr(fn, "name", ""), getattr(fn, "arguments", "")
     return tuple(safe_text(str(part or "")) for part in parts)
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
@@ -3840,11 +3839,10 @@ COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
-    command = COMMANDS.get(name)
-    if command is None:
+    if name not in COMMANDS:
         console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
         return False
-    command(session, argument.strip())
+    COMMANDS[name](session, argument.strip())
     return True
 
 def undecodable_to_replacement(line: str) -> str:

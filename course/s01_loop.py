@@ -88,8 +88,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 #: teaching
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
-    """The agent loop; returns the answer. A message without tool calls ends it (we trust
-    the message: some servers get finish_reason wrong)."""
+    """The agent loop: it ends on a message without tool calls (finish_reason can lie)."""
     on_event = on_event or (lambda kind, data: None)
     for _ in range(max_iterations):
         response = client.chat.completions.create(
@@ -328,8 +327,7 @@ def make_client(base_url: str | None, api_key: str | None):
 
 #: teaching
 def tool_fields(tools: list) -> dict:
-    """The tools, and tool_choice "auto" said out loud: llama-cpp-python's server ignores
-    the tools without it. HERMES_TOOL_CHOICE=omit: for a server that refuses the field."""
+    """Tools with tool_choice "auto" said (llama-cpp-python needs it), unless told to omit it."""
     if not tools:
         return {}
     omit = os.environ.get(TOOL_CHOICE_VAR) == "omit"
@@ -479,9 +477,8 @@ def safe_text(text: str) -> str:
 #: teaching
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
-    function = getattr(call, "function", None)
-    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
-             getattr(function, "arguments", ""))
+    fn = getattr(call, "function", None)
+    parts = getattr(call, "id", ""), getattr(fn, "name", ""), getattr(fn, "arguments", "")
     return tuple(safe_text(str(part or "")) for part in parts)
 
 
@@ -791,6 +788,18 @@ COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
 
 
+#: teaching
+def handle_command(session: Session, line: str) -> bool:
+    """Run one slash command; False if there is no such command."""
+    name, _, argument = line.strip().partition(" ")
+    if name not in COMMANDS:
+        console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
+        return False
+    COMMANDS[name](session, argument.strip())
+    return True
+
+
+#: hardened
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
@@ -1122,8 +1131,7 @@ def main(argv=None) -> int:
 #: section Offline model (not part of the lesson) | plumbing, untagged
 
 #: teaching
-# A tiny deterministic "model" behind a real HTTP server on 127.0.0.1: the real openai
-# client talks to it as to any endpoint. It names these verbs when it does not understand.
+# A deterministic "model" behind a real HTTP server: the openai client talks to it as usual.
 OFFLINE_VERBS = "'$ <command>'"
 
 
@@ -1192,7 +1200,6 @@ def offline_summary(messages: list) -> str:
 
 #: teaching
 def offline_reply(messages: list, counter: list) -> dict:
-    """The next assistant message, as plain data."""
     if messages[-1]["role"] == "tool":
         return {"content": offline_summary(messages)}
     plan = offline_plan(str(messages[-1].get("content") or "").strip())
@@ -1291,8 +1298,7 @@ def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads, server.counter = True, [0]
     server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server
 
 
