@@ -683,10 +683,8 @@ def make_client(base_url: str | None, api_key: str | None):
 
 def tool_fields(tools: list) -> dict:
     """Tools with tool_choice "auto" said (llama-cpp-python needs it), unless told to omit it."""
-    if not tools:
-        return {}
-    omit = os.environ.get(TOOL_CHOICE_VAR) == "omit"
-    return {"tools": tools} if omit else {"tools": tools, "tool_choice": "auto"}
+    choice = {} if os.environ.get(TOOL_CHOICE_VAR) == "omit" else {"tool_choice": "auto"}
+    return {"tools": tools, **choice} if tools else {}
 
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
@@ -885,6 +883,7 @@ def repl(session: Session) -> int:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
         except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
+            console.print(end="\n" if interactive else "")     # end the prompt's line
             return 0
         line = undecodable_to_replacement(line)
         if not interactive:                 # show a piped line as if it had been typed

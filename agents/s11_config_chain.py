@@ -3528,6 +3528,7 @@ def repl(session: Session) -> int:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
         except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
+            console.print(end="\n" if interactive else "")     # end the prompt's line
             return 0
         line = undecodable_to_replacement(line)
         if not interactive:                 # show a piped line as if it had been typed
