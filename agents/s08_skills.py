@@ -2021,8 +2021,9 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
     while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
     calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    for call in (calls or [])[len(messages) - start:]:
-        messages.append(tool_message(call["id"], json.dumps({"error": reason})))
+    for call in (calls if isinstance(calls, list) else [])[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None  # a hand-edited session
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
 
