@@ -2739,25 +2739,33 @@ def undecodable_to_replacement(line: str) -> str:
     """Python keeps input bytes that are not UTF-8 as lone surrogates; show them as �."""
     return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
+def read_line(prompt: str, interactive: bool) -> str | None:
+    """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
+    if interactive:
+        try:
+            return undecodable_to_replacement(input(prompt))
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
+            return None
+    line = sys.stdin.readline() if sys.stdin else ""
+    if not line:
+        return None
+    line = undecodable_to_replacement(line.rstrip("\n"))
+    console.print(Text(prompt + line, style="bold"))
+    return line
+
 def repl(session: Session) -> int:
-    """Read a line and run it, until /quit or the end of the input."""
     interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
     while True:
         try:                                # Ctrl-C at the prompt clears the line
-            line = CtrlC.allow(input, f"{STAGE}> " if interactive else "")
+            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
-        except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
-            console.print(end="\n" if interactive else "")     # end the prompt's line
-            return 0
-        line = undecodable_to_replacement(line)
-        if not interactive:                 # show a piped line as if it had been typed
-            console.print(Text(f"{STAGE}> {line}", style="bold"))
-        if line.strip() == "/quit":
+        if line is None or line.strip() == "/quit":
             return 0
         if line.strip().startswith("/"):
             handle_command(session, line)

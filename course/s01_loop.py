@@ -825,7 +825,6 @@ def undecodable_to_replacement(line: str) -> str:
         return safe_text(line)
 
 
-#: hardened
 def read_line(prompt: str, interactive: bool) -> str | None:
     """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
     if interactive:
@@ -844,24 +843,17 @@ def read_line(prompt: str, interactive: bool) -> str | None:
 
 #: teaching
 def repl(session: Session) -> int:
-    """Read a line and run it, until /quit or the end of the input."""
     interactive = bool(sys.stdin) and sys.stdin.isatty()
     if session.model != "offline":          # the offline model announces itself already
         err_console.print(Text(f"[model {session.model} at {session.base_url}; /help for "
                                f"commands]", style="yellow"))
     while True:
         try:                                # Ctrl-C at the prompt clears the line
-            line = CtrlC.allow(input, f"{STAGE}> " if interactive else "")
+            line = CtrlC.allow(read_line, f"{STAGE}> ", interactive)
         except KeyboardInterrupt:
             console.print("\n(Ctrl-C: nothing to cancel; /quit or Ctrl-D to leave)")
             continue
-        except (EOFError, RuntimeError):    # Ctrl-D, the end of a pipe, or no stdin at all
-            console.print(end="\n" if interactive else "")     # end the prompt's line
-            return 0
-        line = undecodable_to_replacement(line)
-        if not interactive:                 # show a piped line as if it had been typed
-            console.print(Text(f"{STAGE}> {line}", style="bold"))
-        if line.strip() == "/quit":
+        if line is None or line.strip() == "/quit":
             return 0
         if line.strip().startswith("/"):
             handle_command(session, line)
