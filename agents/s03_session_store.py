@@ -936,10 +936,9 @@ def run_demo(session: Session) -> int:
     return 0
 
 def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
+    if int(text) < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+    return int(text)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
@@ -1223,12 +1222,10 @@ class OfflineHandler(BaseHTTPRequestHandler):
             status, body = 200, completion_body(reply, request["model"])
         except Exception as exc:               # one line for the learner, not a traceback
             status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
+        self.send_response(status)              # HTTP/1.0: the body ends where the connection does
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(json.dumps(body).encode("utf-8"))
 
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)

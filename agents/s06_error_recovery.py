@@ -1679,10 +1679,9 @@ def run_demo(session: Session) -> int:
     return 0
 
 def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
+    if int(text) < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+    return int(text)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")

@@ -940,6 +940,14 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def positive_int(text: str) -> int:
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return int(text)
+
+
+#: hardened
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -1251,12 +1259,10 @@ class OfflineHandler(BaseHTTPRequestHandler):
             status, body = 200, completion_body(reply, request["model"])
         except Exception as exc:               # one line for the learner, not a traceback
             status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
+        self.send_response(status)              # HTTP/1.0: the body ends where the connection does
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(json.dumps(body).encode("utf-8"))
 
 
 #: hardened
