@@ -905,7 +905,7 @@ def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads, server.counter = True, [0]
     server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # 0.05 s poll
     return server
 
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")
