@@ -889,18 +889,15 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                    "combined stdout/stderr and exit code.",
     "parameters": {"type": "object", "required": ["command"], "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
-        "timeout": {"type": "integer",
-                    "description": f"Seconds before the command is killed "
-                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
-    }}}}
+        "timeout": {"type": "integer", "description": f"Seconds before the command is killed "
+                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."}}}}}
 
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
     if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
-        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
-                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+        return json.dumps({"error": f"need a command and a timeout of 1-{MAX_TERMINAL_TIMEOUT} s"})
     with start_command(command) as proc:
         try:
             raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
@@ -916,8 +913,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
 
 def start_command(command: str) -> subprocess.Popen:
-    """A new session makes the command the leader of its own process group, so a
-    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    """In a session (process group) of its own: a timeout or Ctrl-C kills its children too."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -926,20 +922,14 @@ def start_command(command: str) -> subprocess.Popen:
 
 
 def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
 def tool_fields(tools: list) -> dict:
-    """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
-    but llama-cpp-python's server leaves the tools out of the prompt without it. For a
-    server that refuses the field (vLLM without --enable-auto-tool-choice): omit."""
-    if not tools:
-        return {}
-    if os.environ.get(TOOL_CHOICE_VAR) == "omit":
-        return {"tools": tools}
-    return {"tools": tools, "tool_choice": "auto"}
+    """Tools with tool_choice "auto" said (llama-cpp-python needs it), unless told to omit it."""
+    choice = {} if os.environ.get(TOOL_CHOICE_VAR) == "omit" else {"tool_choice": "auto"}
+    return {"tools": tools, **choice} if tools else {}
 
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
@@ -977,7 +967,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     try:
@@ -986,41 +975,33 @@ def first_message(response):
             return message
     except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
         pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
+    raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
 def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
-    (a 'custom' call without `function`, say) gets a name no tool has."""
-    function = getattr(call, "function", None)
-    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
-             getattr(function, "arguments", ""))
+    """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
+    fn = getattr(call, "function", None)
+    parts = getattr(call, "id", ""), getattr(fn, "name", ""), getattr(fn, "arguments", "")
     return tuple(safe_text(str(part or "")) for part in parts)
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
-    """Give each call of the last assistant message that has no result yet a result
-    saying why (Ctrl-C, a crash), so the conversation is valid again."""
+    """Answer each call of the last assistant message that has no result yet: `reason`."""
     start = len(messages)
     while start > 0 and messages[start - 1].get("role") == "tool":
         start -= 1
     calls = messages[start - 1].get("tool_calls") if start > 0 else None
-    if not isinstance(calls, list):             # also a hand-edited session
-        return
-    for call in calls[len(messages) - start:]:
-        call_id = call.get("id") if isinstance(call, dict) else None
+    for call in (calls if isinstance(calls, list) else [])[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None  # a hand-edited session
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
 
 
 class BoundedOutput:
-    """Output cut to its first and last part, with a count of what was cut: errors
-    tend to be at the end."""
+    """Output cut to its first and last part, and a count of the cut: errors come at the end."""
 
     def __init__(self, limit: int = MAX_OUTPUT_CHARS):
         self.limit, self.whole = limit, ""
@@ -1038,12 +1019,9 @@ class BoundedOutput:
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
     try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:                                   # Windows: no process groups here
-            proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass                                    # already gone
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):   # already gone
+        pass
 
 # ── [s01] Command line and REPL ─────────────────────────────────────────────
 
@@ -1108,19 +1086,16 @@ def indent_result(result: str, max_lines: int = 12) -> str:
         data = json.loads(result)
     except json.JSONDecodeError:
         data = None
-    if not isinstance(data, dict):
-        data = {"output": result}
+    data = data if isinstance(data, dict) else {"output": result}
     header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
     lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
-    return "\n".join([header] + [f"    {line}" for line in lines])
+    more = [f"… ({len(lines) - max_lines} more lines)"] if len(lines) > max_lines else []
+    return "\n".join([header] + [f"    {line}" for line in lines[:max_lines] + more])
 
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
-    if len(arguments) <= limit:
-        return arguments
-    return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
+    more = len(arguments) - limit
+    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
 
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
@@ -1135,17 +1110,15 @@ def run_turn(session: Session, user_text: str) -> bool:
     console.print(Text(answer))
     return True
 
-# later stages add their own slash commands
-COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  # stages add more
 
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
-    command = COMMANDS.get(name)
-    if command is None:
+    if name not in COMMANDS:
         console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
         return False
-    command(session, argument.strip())
+    COMMANDS[name](session, argument.strip())
     return True
 
 def undecodable_to_replacement(line: str) -> str:
@@ -1217,10 +1190,9 @@ def run_demo(session: Session) -> int:
     return 0
 
 def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
+    if int(text) < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+    return int(text)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
@@ -1259,9 +1231,7 @@ def open_session(args) -> Session:
     return Session(client, model, str(client.base_url), args.max_iterations, tools, store)
 
 class CtrlC:
-    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
-    is ready again, so the clean-up of a cancelled turn (killing the command, answering
-    its tool calls) is never cut in half and never ends in a traceback."""
+    """Ctrl-C cancels once; more presses wait for the REPL, so no clean-up is cut short."""
     armed = True
 
     @classmethod
@@ -1276,8 +1246,7 @@ class CtrlC:
             raise KeyboardInterrupt
 
     @classmethod
-    def allow(cls, function, *args):
-        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+    def allow(cls, function, *args):            # function(*args), which Ctrl-C may cancel
         cls.armed = True
         try:
             return function(*args)
@@ -1285,11 +1254,9 @@ class CtrlC:
             cls.armed = False
 
 def exit_on_signals() -> None:
-    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
-    Ctrl-C does: a running command's process group is killed on the way out."""
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
+    """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, lambda signum, frame: sys.exit(128 + signum))
 
 def run_prompt(session: Session, text: str) -> int:
     """-p: one question or one slash command, then the exit code."""
@@ -1439,7 +1406,6 @@ def demo_folder(agents_md: str, template: Session) -> Session:
 # The verbs it names when it does not understand: the ones that fit this stage best.
 OFFLINE_VERBS = "'prompt', '$ <command>' or 'read <path>'"
 
-# Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
@@ -1516,12 +1482,10 @@ def offline_reply(messages: list, counter: list) -> dict:
                                            "function": {"name": name, "arguments": arguments}}]}
 
 def completion_body(reply: dict, model: str) -> dict:
-    message = {"role": "assistant", "content": reply.get("content")}
-    if reply.get("tool_calls"):
-        message["tool_calls"] = reply["tool_calls"]
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            "choices": [{"index": 0, "message": {"role": "assistant", **reply},
+                         "finish_reason": finish}]}
 
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
@@ -1534,19 +1498,16 @@ class OfflineHandler(BaseHTTPRequestHandler):
             status, body = 200, completion_body(reply, request["model"])
         except Exception as exc:               # one line for the learner, not a traceback
             status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
+        self.send_response(status)              # HTTP/1.0: the body ends where the connection does
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(json.dumps(body).encode("utf-8"))
 
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads, server.counter = True, [0]
     server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # 0.05 s poll
     return server
 
 DOOR_ERRORS = ("Tool '", "Error: Invalid JSON", "Error: invalid arguments", "Error: arguments")

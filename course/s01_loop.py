@@ -3,25 +3,12 @@
 #: docstring | teaching
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
-What this stage adds
-    The smallest working agent: send the conversation to a chat model, run every tool
-    call it asks for, send the results back, and repeat until the model answers without
-    asking for a tool. Every tool call gets exactly one result, even after an error or
-    Ctrl-C; --max-iterations (default 30) ends a turn that never stops.
-
-    user ──▶ messages ──▶ model ──▶ tool calls? ──no──▶ answer
-                ▲                       │ yes
-                └──── tool results ◀── terminal (timeout, truncation)
-
-Reading guide
-    Below the imports: "[s01] Settings", then "[s01] The agent loop", the lesson
-    (run_conversation() is the whole idea), the terminal tool, the endpoint, and the
-    details of the loop and the terminal. Last come "[s01] Command line and REPL" and
-    the offline model: plumbing, not the lesson.
-Run
-    python agents/s01_loop.py                 # REPL (offline model without a key)
-    python agents/s01_loop.py --demo          # the walk-through
-    python agents/s01_loop.py -p '$ uname -a' # one question, then exit
+Send the conversation to a chat model, run every tool call it asks for, send the results
+back; repeat until it answers without one. Every call gets exactly one result, even on
+Ctrl-C; --max-iterations (default 30) ends a turn that never stops. POSIX (process groups).
+Reading guide: "[s01] The agent loop" is the lesson (run_conversation()), then the terminal
+tool, the endpoint and their details; the REPL and the offline model are plumbing.
+Run: python agents/s01_loop.py [--demo | -p '$ uname -a']   (offline model without a key)
 Chapter: docs/en/s01-loop.md
 """
 
@@ -98,6 +85,24 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 #: section The agent loop
 
 
+#: teaching
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
+    """The agent loop: it ends on a message without tool calls (finish_reason can lie)."""
+    on_event = on_event or (lambda kind, data: None)
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, **tool_fields(TOOL_SCHEMAS))
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        run_tool_calls(message.tool_calls, messages, on_event)
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+#: hardened
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
     """The agent loop. Returns the final answer text.
@@ -118,6 +123,21 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 
+#: teaching
+def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
+    """Run the calls in order, one tool message each; on Ctrl-C the open calls get one too."""
+    try:
+        for call_id, name, arguments in map(call_parts, tool_calls):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result = safe_text(execute_tool_call(name, arguments))
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+
+
+#: hardened
 def run_tool_calls(tool_calls: list, messages: list, on_event) -> None:
     """Run the calls in order; each one gets exactly one tool message.
 
@@ -187,10 +207,8 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
                    "combined stdout/stderr and exit code.",
     "parameters": {"type": "object", "required": ["command"], "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
-        "timeout": {"type": "integer",
-                    "description": f"Seconds before the command is killed "
-                                   f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."},
-    }}}}
+        "timeout": {"type": "integer", "description": f"Seconds before the command is killed "
+                    f"(default {TERMINAL_TIMEOUT}, max {MAX_TERMINAL_TIMEOUT})."}}}}}
 
 
 #: hardened
@@ -221,8 +239,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
     if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
             or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
-        return json.dumps({"error": f"a command is needed, and a timeout must be an integer "
-                                    f"from 1 to {MAX_TERMINAL_TIMEOUT}"})
+        return json.dumps({"error": f"need a command and a timeout of 1-{MAX_TERMINAL_TIMEOUT} s"})
     with start_command(command) as proc:
         try:
             raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
@@ -281,8 +298,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 
 #: teaching
 def start_command(command: str) -> subprocess.Popen:
-    """A new session makes the command the leader of its own process group, so a
-    timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
+    """In a session (process group) of its own: a timeout or Ctrl-C kills its children too."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -294,6 +310,14 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 #: section Talking to an endpoint
 
 
+#: teaching
+def make_client(base_url: str | None, api_key: str | None):
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
+    return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
+                         max_retries=0, timeout=API_TIMEOUT)
+
+
+#: hardened
 def make_client(base_url: str | None, api_key: str | None):
     """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
     # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
@@ -301,6 +325,14 @@ def make_client(base_url: str | None, api_key: str | None):
                          max_retries=0, timeout=API_TIMEOUT)
 
 
+#: teaching
+def tool_fields(tools: list) -> dict:
+    """Tools with tool_choice "auto" said (llama-cpp-python needs it), unless told to omit it."""
+    choice = {} if os.environ.get(TOOL_CHOICE_VAR) == "omit" else {"tool_choice": "auto"}
+    return {"tools": tools, **choice} if tools else {}
+
+
+#: hardened
 def tool_fields(tools: list) -> dict:
     """The tools of a request, and tool_choice "auto" said out loud: OpenAI assumes it,
     but llama-cpp-python's server leaves the tools out of the prompt without it. For a
@@ -398,7 +430,6 @@ def first_line(text: str, limit: int = 200) -> str:
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
-
 #: teaching
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
@@ -408,8 +439,7 @@ def first_message(response):
             return message
     except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
         pass
-    raise openai.OpenAIError("the endpoint's answer is not a chat completion; "
-                             "check OPENAI_BASE_URL and --model")
+    raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
 
 #: hardened
@@ -429,6 +459,13 @@ def first_message(response):
                              "check OPENAI_BASE_URL and --model")
 
 
+#: teaching
+def safe_text(text: str) -> str:
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+#: hardened
 def safe_text(text: str) -> str:
     """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
     or undecodable input) become "?" instead of crashing the next step."""
@@ -437,11 +474,9 @@ def safe_text(text: str) -> str:
 
 #: teaching
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments text) of a tool call, as safe text. An odd call from a server
-    (a 'custom' call without `function`, say) gets a name no tool has."""
-    function = getattr(call, "function", None)
-    parts = (getattr(call, "id", ""), getattr(function, "name", ""),
-             getattr(function, "arguments", ""))
+    """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
+    fn = getattr(call, "function", None)
+    parts = getattr(call, "id", ""), getattr(fn, "name", ""), getattr(fn, "arguments", "")
     return tuple(safe_text(str(part or "")) for part in parts)
 
 
@@ -457,6 +492,19 @@ def call_parts(call) -> tuple[str, str, str]:
     return safe_text(str(getattr(call, "id", ""))), safe_text(str(name or "")), safe_text(arguments)
 
 
+#: teaching
+def answer_open_tool_calls(messages: list, reason: str) -> None:
+    """Answer each call of the last assistant message that has no result yet: `reason`."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    calls = messages[start - 1].get("tool_calls") if start > 0 else None
+    for call in (calls if isinstance(calls, list) else [])[len(messages) - start:]:
+        call_id = call.get("id") if isinstance(call, dict) else None  # a hand-edited session
+        messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
+
+
+#: hardened
 def answer_open_tool_calls(messages: list, reason: str) -> None:
     """Give each call of the last assistant message that has no result yet a result
     saying why (Ctrl-C, a crash), so the conversation is valid again."""
@@ -475,8 +523,7 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
 
 #: teaching
 class BoundedOutput:
-    """Output cut to its first and last part, with a count of what was cut: errors
-    tend to be at the end."""
+    """Output cut to its first and last part, and a count of the cut: errors come at the end."""
 
     def __init__(self, limit: int = MAX_OUTPUT_CHARS):
         self.limit, self.whole = limit, ""
@@ -592,6 +639,16 @@ def copy_output(stream, output: BoundedOutput, stop: threading.Event) -> None:
         output.add(decoder.decode(b"", final=True))
 
 
+#: teaching
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Kill the command and everything it started (its whole process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):   # already gone
+        pass
+
+
+#: hardened
 def kill_process_group(proc: subprocess.Popen) -> None:
     """Kill the command and everything it started (its whole process group)."""
     try:
@@ -622,8 +679,6 @@ The offline model understands:
 
 #: teaching
 class Session:
-    """Everything one running agent needs: the client, the model, the messages."""
-
     def __init__(self, client, model: str, base_url: str, max_iterations: int):
         self.client, self.model, self.base_url = client, model, base_url
         self.max_iterations, self.messages = max_iterations, []
@@ -641,6 +696,16 @@ class Session:
         self.messages: list = []
 
 
+#: teaching
+def show_event(kind: str, data: dict) -> None:
+    if kind == "tool_call":
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
+    elif kind == "tool_result":
+        console.print(Text(indent_result(data["result"]), style="dim"))
+
+
+#: hardened
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
@@ -650,6 +715,21 @@ def show_event(kind: str, data: dict) -> None:
         console.print(Text(indent_result(data["result"]), style="dim"))
 
 
+#: teaching
+def indent_result(result: str, max_lines: int = 12) -> str:
+    """A tool result as a short indented block: a status line, then the output."""
+    try:
+        data = json.loads(result)
+    except json.JSONDecodeError:
+        data = None
+    data = data if isinstance(data, dict) else {"output": result}
+    header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
+    lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
+    more = [f"… ({len(lines) - max_lines} more lines)"] if len(lines) > max_lines else []
+    return "\n".join([header] + [f"    {line}" for line in lines[:max_lines] + more])
+
+
+#: hardened
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
     try:
@@ -665,6 +745,14 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines])
 
 
+#: teaching
+def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
+    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
+    more = len(arguments) - limit
+    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
+
+
+#: hardened
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     if len(arguments) <= limit:
@@ -692,14 +780,25 @@ def show_help(session: Session, argument: str) -> None:
 
 
 #: teaching
-# later stages add their own slash commands
-COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}
+COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  # stages add more
 
 
 #: hardened
 COMMANDS = {"/help": show_help}         # later stages add their own slash commands
 
 
+#: teaching
+def handle_command(session: Session, line: str) -> bool:
+    """Run one slash command; False if there is no such command."""
+    name, _, argument = line.strip().partition(" ")
+    if name not in COMMANDS:
+        console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
+        return False
+    COMMANDS[name](session, argument.strip())
+    return True
+
+
+#: hardened
 def handle_command(session: Session, line: str) -> bool:
     """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
@@ -801,7 +900,7 @@ def repl(session: Session) -> int:
 
 
 #: teaching
-DEMO_INPUTS = ["$ echo hello from the terminal tool", "What can you do?"]
+DEMO_INPUTS = ["$ echo hello from the terminal tool", "$ echo limited"]
 
 
 #: hardened
@@ -819,9 +918,7 @@ def run_demo(session: Session) -> int:
         console.print(Text(f"\n{STAGE}> {text}", style="bold"))
         if not run_turn(session, text):
             return 1
-    console.print(Text("\nWith --max-iterations 1, one model call ends the turn:", style="bold"))
-    session.max_iterations = 1
-    run_turn(session, "$ echo limited")
+        session.max_iterations = 1          # the next turn meets --max-iterations 1
     return 0
 
 
@@ -843,6 +940,14 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def positive_int(text: str) -> int:
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return int(text)
+
+
+#: hardened
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -916,9 +1021,7 @@ def open_session(args) -> Session:
 
 #: teaching
 class CtrlC:
-    """Ctrl-C cancels what is running, once: further presses are ignored until the REPL
-    is ready again, so the clean-up of a cancelled turn (killing the command, answering
-    its tool calls) is never cut in half and never ends in a traceback."""
+    """Ctrl-C cancels once; more presses wait for the REPL, so no clean-up is cut short."""
     armed = True
 
     @classmethod
@@ -933,8 +1036,7 @@ class CtrlC:
             raise KeyboardInterrupt
 
     @classmethod
-    def allow(cls, function, *args):
-        """Run function(*args) with Ctrl-C armed; disarm it again afterwards."""
+    def allow(cls, function, *args):            # function(*args), which Ctrl-C may cancel
         cls.armed = True
         try:
             return function(*args)
@@ -976,11 +1078,9 @@ class CtrlC:
 
 #: teaching
 def exit_on_signals() -> None:
-    """SIGTERM, or SIGHUP from a closed terminal, exits through the same clean-up as
-    Ctrl-C does: a running command's process group is killed on the way out."""
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(128 + signum))
+    """SIGTERM or SIGHUP (a closed terminal) exits through Ctrl-C's clean-up: no orphans."""
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, lambda signum, frame: sys.exit(128 + signum))
 
 
 #: hardened
@@ -1005,6 +1105,18 @@ def run_prompt(session: Session, text: str) -> int:
         return 130
 
 
+#: teaching
+def main(argv=None) -> int:
+    exit_on_signals()
+    CtrlC.install()
+    args = parse_args(argv)
+    session = open_session(args)
+    if args.demo:
+        return run_demo(session)
+    return repl(session) if args.prompt is None else run_prompt(session, args.prompt)
+
+
+#: hardened
 def main(argv=None) -> int:
     exit_on_signals()
     CtrlC.install()
@@ -1018,12 +1130,23 @@ def main(argv=None) -> int:
 
 #: section Offline model (not part of the lesson) | plumbing, untagged
 
+#: teaching
+# A deterministic "model" behind a real HTTP server: the openai client talks to it as usual.
+OFFLINE_VERBS = "'$ <command>'"
+
+
+#: hardened
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
 # openai client builds requests and parses answers as it does with a real endpoint.
 
 # The verbs it names when it does not understand: the ones that fit this stage best.
 OFFLINE_VERBS = "'$ <command>'"
 
+#: teaching
+OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
+                "understand. For a real model, set OPENAI_API_KEY.")
+
+#: hardened
 # Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
@@ -1042,13 +1165,10 @@ def offline_summary(messages: list) -> str:
     data = json.loads(messages[-1]["content"])
     if "exit_code" not in data:
         return f"The tool reported: {first_line(data.get('error', ''), 160)}"
-    summary = (f"The command exited with code {data['exit_code']}; first line of output: "
-               f"{first_line(data['output'], 120) or '(no output)'}")
     cut = re.search(r"\[(\d+) characters truncated\]", data["output"])
-    if cut:
-        summary += (f"\nThe output was long: I received its start and end, "
-                    f"{cut.group(1)} characters in the middle were cut.")
-    return summary
+    return (f"The command exited with code {data['exit_code']}; first line of output: "
+            f"{first_line(data['output'], 120) or '(no output)'}"
+            + (f"\n{cut.group(1)} characters in the middle were cut." if cut else ""))
 
 
 #: hardened
@@ -1080,7 +1200,6 @@ def offline_summary(messages: list) -> str:
 
 #: teaching
 def offline_reply(messages: list, counter: list) -> dict:
-    """The next assistant message, as plain data."""
     if messages[-1]["role"] == "tool":
         return {"content": offline_summary(messages)}
     plan = offline_plan(str(messages[-1].get("content") or "").strip())
@@ -1110,12 +1229,10 @@ def offline_reply(messages: list, counter: list) -> dict:
 
 #: teaching
 def completion_body(reply: dict, model: str) -> dict:
-    message = {"role": "assistant", "content": reply.get("content")}
-    if reply.get("tool_calls"):
-        message["tool_calls"] = reply["tool_calls"]
     finish = "tool_calls" if reply.get("tool_calls") else "stop"
     return {"id": "chatcmpl-offline", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            "choices": [{"index": 0, "message": {"role": "assistant", **reply},
+                         "finish_reason": finish}]}
 
 
 #: hardened
@@ -1142,12 +1259,10 @@ class OfflineHandler(BaseHTTPRequestHandler):
             status, body = 200, completion_body(reply, request["model"])
         except Exception as exc:               # one line for the learner, not a traceback
             status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
+        self.send_response(status)              # HTTP/1.0: the body ends where the connection does
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(json.dumps(body).encode("utf-8"))
 
 
 #: hardened
@@ -1181,8 +1296,7 @@ def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads, server.counter = True, [0]
     server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # 0.05 s poll
     return server
 
 
