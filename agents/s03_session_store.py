@@ -315,8 +315,7 @@ class ToolRegistry:
 
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, (None, error text) otherwise.
-    Nothing half-parsed ever reaches a handler."""
+    """The door: (arguments, None) for a valid call, else (None, error text), never half."""
     if name not in offered:
         return None, unknown_tool_message(name, offered)
     args, error = parse_arguments(name, raw_arguments)
@@ -375,10 +374,8 @@ SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.exists():
-        return error_result(f"no such file: {path}")
-    if not target.is_file():                # a folder, a device …
-        return error_result(f"not a file: {path}")
+    if not target.is_file():                # missing, a folder, a device …
+        return error_result(f"{'not a file' if target.exists() else 'no such file'}: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
     chosen, total = [], 0
@@ -390,10 +387,9 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
                 cut = len(text) - MAX_LINE_CHARS    # the model needs no more of one line
                 chosen.append(f"{total:>6}|{text[:MAX_LINE_CHARS]}"
                               + (f" … [{cut} characters of this line cut]" if cut > 0 else ""))
+    shown = f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"
     return json.dumps({"path": str(target.resolve()), "content": "\n".join(chosen),
-                       "total_lines": total,
-                       "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
-                      ensure_ascii=False)
+                       "total_lines": total, "shown": shown}, ensure_ascii=False)
 
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
@@ -437,8 +433,7 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if not root.exists():
         return error_result(f"no such path: {path}")
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
-        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
-                            f"read it in parts with read_file")
+        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes: use read_file")
     matches = []
     for file in [root] if root.is_file() else searchable_files(root, glob):
         with open(file, encoding="utf-8", errors="replace") as lines:
@@ -466,9 +461,8 @@ def classify_tool_result(name: str, result: str) -> str:
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
     text, integer = {"type": "string"}, {"type": "integer"}
-    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
-                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists(),
-                                mutates=True))
+    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal, mutates=True,
+                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists()))
     registry.register(ToolEntry("read_file", "file", function_schema(
         "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
         {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
@@ -491,10 +485,9 @@ def build_registry() -> ToolRegistry:
 
 
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
+    parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function",
-            "function": {"name": name, "description": description,
-                         "parameters": {"type": "object", "properties": properties,
-                                        "required": required}}}
+            "function": {"name": name, "description": description, "parameters": parameters}}
 
 def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
@@ -510,11 +503,9 @@ def tool_path(path: str) -> Path:
     return Path(path).expanduser()          # a leading ~ is the home folder, as in a shell
 
 def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
-    a crash or a full disk leaves the whole old file or the whole new one)."""
+    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic)."""
     data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
-    mode = target.stat().st_mode & 0o7777 if target.exists() else None
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     try:
@@ -522,8 +513,8 @@ def write_text_atomically(target: Path, text: str) -> int:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())         # on the disk before the rename makes it the file
-        if mode is not None:
-            os.chmod(temporary, mode)       # a script stays executable
+        if target.exists():                 # a script stays executable
+            os.chmod(temporary, target.stat().st_mode & 0o7777)
         os.replace(temporary, target)
     except BaseException:                   # Ctrl-C too: leave no temporary file behind
         temporary.unlink(missing_ok=True)
@@ -531,11 +522,10 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 def glob_matches(relative: Path, glob: str) -> bool:
-    """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
-    path below the search root, `**` standing for any number of folders, even none."""
+    """`*.py` (no slash) matches the name in any folder; `src/**/*.py` the path below root."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
-    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
+    # As a regular expression: `**/` is any run of folders (even none), `*` stays in one.
     regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
     regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
     return re.fullmatch(regex, relative.as_posix()) is not None
@@ -551,8 +541,7 @@ def searchable_files(root: Path, glob: str | None):
 
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
-    entry = REGISTRY.get(name)
-    return entry is None or entry.mutates
+    return getattr(REGISTRY.get(name), "mutates", True)
 
 # ── [s01] Settings ──────────────────────────────────────────────────────────
 
@@ -579,7 +568,6 @@ def run_conversation(client, model: str, messages: list,
 
     The loop ends when the assistant message has no tool calls: we trust the
     message itself, not finish_reason, which some servers report wrongly.
-    `tools` is the list of definitions offered (default: every available tool).
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
@@ -604,12 +592,8 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
-    """Check every call at the door, run the valid ones in order; each call gets
-    exactly one tool message. Returns True if at least one call was valid.
-
-    If Ctrl-C arrives, the interrupted call and every call after it still get a
-    result ("interrupted"), so the conversation stays valid; then we re-raise.
-    """
+    """Check every call at the door, run the valid ones in order; each call gets exactly
+    one tool message, even on Ctrl-C. Returns True if at least one call was valid."""
     calls = [call_parts(call) for call in tool_calls]
     checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
     try:
@@ -844,9 +828,8 @@ def show_event(kind: str, data: dict) -> None:
     elif kind == "tool_result":
         outcome = classify_tool_result(data["name"], data["result"])
         style = {"landed": "green", "error": "red", "refused": "yellow"}.get(outcome, "dim")
-        console.print(Text(indent_result(data["result"]), style=style))
-        if outcome != "ok":
-            console.print(Text(f"    [{outcome}]", style=style))
+        mark = "" if outcome == "ok" else f"\n    [{outcome}]"
+        console.print(Text(indent_result(data["result"]) + mark, style=style))
 
 def indent_result(result: str, max_lines: int = 12) -> str:
     """A tool result as a short indented block: a status line, then the output."""
@@ -1225,19 +1208,16 @@ def offline_summary(messages: list) -> str:
 
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
-    last = messages[-1] if messages else {}
-    if last.get("role") == "tool":
+    if messages[-1]["role"] == "tool":
         return stubborn_retry(messages) or {"content": offline_summary(messages)}
-    plan = offline_plan(str(last.get("content") or "").strip())
+    plan = offline_plan(str(messages[-1].get("content") or "").strip())
     if plan is None:
         return {"content": OFFLINE_HELP}
     counter[0] += 1
-    name, args = plan
-    raw = isinstance(args, str)
-    call_id = f"call_{'raw' if raw else 'offline'}_{counter[0]}"
-    arguments = args if raw else json.dumps(args)
-    return {"content": "", "tool_calls": [{"id": call_id, "type": "function",
-                                           "function": {"name": name, "arguments": arguments}}]}
+    raw = isinstance(plan[1], str)          # `call`: the arguments exactly as typed
+    function = {"name": plan[0], "arguments": plan[1] if raw else json.dumps(plan[1])}
+    call = {"id": f"call_{'raw' if raw else 'offline'}_{counter[0]}", "type": "function"}
+    return {"content": "", "tool_calls": [call | {"function": function}]}
 
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}

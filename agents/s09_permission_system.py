@@ -2128,8 +2128,7 @@ class ToolRegistry:
 
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, (None, error text) otherwise.
-    Nothing half-parsed ever reaches a handler."""
+    """The door: (arguments, None) for a valid call, else (None, error text), never half."""
     if name not in offered:
         return None, unknown_tool_message(name, offered)
     args, error = parse_arguments(name, raw_arguments)
@@ -2188,10 +2187,8 @@ SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.exists():
-        return error_result(f"no such file: {path}")
-    if not target.is_file():                # a folder, a device …
-        return error_result(f"not a file: {path}")
+    if not target.is_file():                # missing, a folder, a device …
+        return error_result(f"{'not a file' if target.exists() else 'no such file'}: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
     chosen, total = [], 0
@@ -2203,10 +2200,9 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
                 cut = len(text) - MAX_LINE_CHARS    # the model needs no more of one line
                 chosen.append(f"{total:>6}|{text[:MAX_LINE_CHARS]}"
                               + (f" … [{cut} characters of this line cut]" if cut > 0 else ""))
+    shown = f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"
     return json.dumps({"path": str(target.resolve()), "content": "\n".join(chosen),
-                       "total_lines": total,
-                       "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
-                      ensure_ascii=False)
+                       "total_lines": total, "shown": shown}, ensure_ascii=False)
 
 def write_file(path: str, content: str) -> str:
     """Create or overwrite a file (and its parent folders)."""
@@ -2256,8 +2252,7 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if not root.exists():
         return error_result(f"no such path: {path}")
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
-        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
-                            f"read it in parts with read_file")
+        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes: use read_file")
     matches = []
     for file in [root] if root.is_file() else searchable_files(root, glob):
         with open(file, encoding="utf-8", errors="replace") as lines:
@@ -2285,9 +2280,8 @@ def classify_tool_result(name: str, result: str) -> str:
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
     text, integer = {"type": "string"}, {"type": "integer"}
-    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
-                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists(),
-                                mutates=True))
+    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal, mutates=True,
+                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists()))
     registry.register(ToolEntry("read_file", "file", function_schema(
         "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
         {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
@@ -2310,10 +2304,9 @@ def build_registry() -> ToolRegistry:
 
 
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
+    parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function",
-            "function": {"name": name, "description": description,
-                         "parameters": {"type": "object", "properties": properties,
-                                        "required": required}}}
+            "function": {"name": name, "description": description, "parameters": parameters}}
 
 def error_result(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
@@ -2329,11 +2322,9 @@ def tool_path(path: str) -> Path:
     return Path(path).expanduser()          # a leading ~ is the home folder, as in a shell
 
 def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
-    a crash or a full disk leaves the whole old file or the whole new one)."""
+    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic)."""
     data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
-    mode = target.stat().st_mode & 0o7777 if target.exists() else None
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     try:
@@ -2341,8 +2332,8 @@ def write_text_atomically(target: Path, text: str) -> int:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())         # on the disk before the rename makes it the file
-        if mode is not None:
-            os.chmod(temporary, mode)       # a script stays executable
+        if target.exists():                 # a script stays executable
+            os.chmod(temporary, target.stat().st_mode & 0o7777)
         os.replace(temporary, target)
     except BaseException:                   # Ctrl-C too: leave no temporary file behind
         temporary.unlink(missing_ok=True)
@@ -2350,11 +2341,10 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 def glob_matches(relative: Path, glob: str) -> bool:
-    """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
-    path below the search root, `**` standing for any number of folders, even none."""
+    """`*.py` (no slash) matches the name in any folder; `src/**/*.py` the path below root."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
-    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
+    # As a regular expression: `**/` is any run of folders (even none), `*` stays in one.
     regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
     regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
     return re.fullmatch(regex, relative.as_posix()) is not None
@@ -2370,8 +2360,7 @@ def searchable_files(root: Path, glob: str | None):
 
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
-    entry = REGISTRY.get(name)
-    return entry is None or entry.mutates
+    return getattr(REGISTRY.get(name), "mutates", True)
 
 # ── [s01] Settings ──────────────────────────────────────────────────────────
 
