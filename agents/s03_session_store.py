@@ -296,7 +296,7 @@ class ToolRegistry:
 
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, else (None, error text), never half."""
+    """The door: (arguments, None) for a valid call, else (None, error text); never half-parsed."""
     if name not in offered:
         return None, unknown_tool_message(name, offered)
     args, error = parse_arguments(name, raw_arguments)
@@ -503,7 +503,7 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 def glob_matches(relative: Path, glob: str) -> bool:
-    """`*.py` (no slash) matches the name in any folder; `src/**/*.py` the path below root."""
+    """`*.py` (no slash) matches a name in any folder, `src/**/*.py` the path below the root."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
     # As a regular expression: `**/` is any run of folders (even none), `*` stays in one.
@@ -1168,10 +1168,10 @@ def offline_reply(messages: list, counter: list) -> dict:
     if plan is None:
         return {"content": OFFLINE_HELP}
     counter[0] += 1
-    raw = isinstance(plan[1], str)          # `call`: the arguments exactly as typed
-    function = {"name": plan[0], "arguments": plan[1] if raw else json.dumps(plan[1])}
-    call = {"id": f"call_{'raw' if raw else 'offline'}_{counter[0]}", "type": "function"}
-    return {"content": "", "tool_calls": [call | {"function": function}]}
+    kind = "raw" if isinstance(plan[1], str) else "offline"     # raw: `call`, sent as typed
+    function = {"name": plan[0], "arguments": plan[1] if kind == "raw" else json.dumps(plan[1])}
+    return {"content": "", "tool_calls": [{"id": f"call_{kind}_{counter[0]}",
+                                           "type": "function", "function": function}]}
 
 def completion_body(reply: dict, model: str) -> dict:
     message = {"role": "assistant", "content": reply.get("content")}

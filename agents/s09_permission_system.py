@@ -2117,7 +2117,7 @@ class ToolRegistry:
 
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, else (None, error text), never half."""
+    """The door: (arguments, None) for a valid call, else (None, error text); never half-parsed."""
     if name not in offered:
         return None, unknown_tool_message(name, offered)
     args, error = parse_arguments(name, raw_arguments)
@@ -2330,7 +2330,7 @@ def write_text_atomically(target: Path, text: str) -> int:
     return len(data)
 
 def glob_matches(relative: Path, glob: str) -> bool:
-    """`*.py` (no slash) matches the name in any folder; `src/**/*.py` the path below root."""
+    """`*.py` (no slash) matches a name in any folder, `src/**/*.py` the path below the root."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
     # As a regular expression: `**/` is any run of folders (even none), `*` stays in one.
