@@ -1065,7 +1065,7 @@ def resume_session(session: Session, session_id: str) -> bool:
     except (sqlite3.Error, ValueError, TypeError) as exc:     # also a hand-edited database
         return resume_failed(f"could not load the session ({first_line(exc)})")
     session.switch_to(session_id, messages)
-    # A call cut off by a crash was saved without its result: the endpoint rejects that.
+    # A call cut off by a crash has no saved result: answer it, or the endpoint refuses.
     answer_open_tool_calls(session.messages, "interrupted: the agent stopped before it finished")
     console.print(Text(f"[resumed session {session_id}: {len(messages)} messages]", style="green"))
     return True
