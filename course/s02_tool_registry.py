@@ -4,10 +4,9 @@
 """s02 · Tool registry — tools as data, and the door every tool call passes.
 
 What this stage adds
-    Tools become registry entries (name, toolset, schema, handler, availability check).
-    Every call passes the validation door first: an unknown name or arguments that do
-    not fit the schema get a precise error, never a handler; three all-invalid turns in
-    a row end the turn. File tools say exactly what landed.
+    Tools become registry entries. Every call passes the validation door first: an
+    unknown name or arguments that do not fit the schema get a precise error, never a
+    handler; three all-invalid turns in a row end the turn. File tools say what landed.
 
     model ──tool calls──▶ [s02] validation door ──valid──▶ registry.dispatch ──▶ handler
                                │ unknown name / bad JSON / wrong arguments
@@ -15,15 +14,13 @@ What this stage adds
                           error result (one per call)    3 all-invalid turns ─▶ stop
 
 Reading guide
-    "[s02] Tool registry and the validation door" is the lesson (validate_tool_call()),
-    then the file tools, their helpers in "[s02] File tool details", the earlier stages
-    and the plumbing (/tools is under "[s02] Tool commands").
+    "[s02] Tool registry and the validation door" is the lesson (validate_tool_call());
+    the file tools and their details follow; /tools is under "[s02] Tool commands".
     {changed elsewhere}
 Run
     python agents/s02_tool_registry.py --demo          # the walk-through
     python agents/s02_tool_registry.py --disable-toolsets file -p '$ ls'
-Chapter
-    docs/en/s02-tool-registry.md
+Chapter: docs/en/s02-tool-registry.md
 """
 
 #: docstring | hardened
@@ -163,6 +160,25 @@ class ToolRegistry:
             return f"Error: {name} failed: {type(exc).__name__}: {first_line(exc)}"
 
 
+#: teaching
+def validate_tool_call(name: str, raw_arguments: str,
+                       offered: dict) -> tuple[dict | None, str | None]:
+    """The door: (arguments, None) for a valid call, else (None, error text); never half-parsed."""
+    if name not in offered:
+        return None, unknown_tool_message(name, offered)
+    args, error = parse_arguments(name, raw_arguments)
+    if error:
+        return None, error
+    parameters = offered[name]["function"].get("parameters", {})
+    problems = argument_problems(args, parameters)
+    if problems:
+        expected = ", ".join(parameters.get("properties", {})) or "none"
+        return None, (f"Error: invalid arguments for {name}: {'; '.join(problems)}. "
+                      f"Expected arguments: {expected}.")
+    return args, None
+
+
+#: hardened
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
     """The door: (arguments, None) for a valid call, (None, error text) otherwise.
@@ -233,10 +249,8 @@ SEARCH_TIMEOUT = 10                     # seconds for one search_files call, wal
 def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
     """Numbered lines `offset`..`offset+limit-1` of a text file."""
     target = tool_path(path)
-    if not target.exists():
-        return error_result(f"no such file: {path}")
-    if not target.is_file():                # a folder, a device …
-        return error_result(f"not a file: {path}")
+    if not target.is_file():                # missing, a folder, a device …
+        return error_result(f"{'not a file' if target.exists() else 'no such file'}: {path}")
     if offset < 1 or not 1 <= limit <= MAX_READ_LINES:
         return error_result(f"offset must be >= 1 and limit from 1 to {MAX_READ_LINES}")
     chosen, total = [], 0
@@ -248,10 +262,9 @@ def read_file(path: str, offset: int = 1, limit: int = MAX_READ_LINES) -> str:
                 cut = len(text) - MAX_LINE_CHARS    # the model needs no more of one line
                 chosen.append(f"{total:>6}|{text[:MAX_LINE_CHARS]}"
                               + (f" … [{cut} characters of this line cut]" if cut > 0 else ""))
+    shown = f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"
     return json.dumps({"path": str(target.resolve()), "content": "\n".join(chosen),
-                       "total_lines": total,
-                       "shown": f"{offset}-{offset + len(chosen) - 1}" if chosen else "none"},
-                      ensure_ascii=False)
+                       "total_lines": total, "shown": shown}, ensure_ascii=False)
 
 
 #: hardened
@@ -338,8 +351,7 @@ def search_files(pattern: str, path: str = ".", glob: str | None = None) -> str:
     if not root.exists():
         return error_result(f"no such path: {path}")
     if root.is_file() and root.stat().st_size > MAX_SEARCH_FILE_BYTES:
-        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes; "
-                            f"read it in parts with read_file")
+        return error_result(f"{path} is larger than {MAX_SEARCH_FILE_BYTES:,} bytes: use read_file")
     matches = []
     for file in [root] if root.is_file() else searchable_files(root, glob):
         with open(file, encoding="utf-8", errors="replace") as lines:
@@ -414,9 +426,8 @@ def classify_tool_result(name: str, result: str) -> str:
 def build_registry() -> ToolRegistry:
     registry = ToolRegistry()
     text, integer = {"type": "string"}, {"type": "integer"}
-    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal,
-                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists(),
-                                mutates=True))
+    registry.register(ToolEntry("terminal", "terminal", TERMINAL_SCHEMA, run_terminal, mutates=True,
+                                check_fn=lambda: os.name == "nt" or Path("/bin/sh").exists()))
     registry.register(ToolEntry("read_file", "file", function_schema(
         "read_file", f"Read a text file with line numbers (at most {MAX_READ_LINES} lines).",
         {"path": text, "offset": integer, "limit": integer}, ["path"]), read_file))
@@ -463,6 +474,14 @@ def build_registry() -> ToolRegistry:
 #: section File tool details
 
 
+#: teaching
+def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return {"type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+#: hardened
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     return {"type": "function",
             "function": {"name": name, "description": description,
@@ -498,11 +517,9 @@ def tool_path(path: str) -> Path:
 
 #: teaching
 def write_text_atomically(target: Path, text: str) -> int:
-    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic:
-    a crash or a full disk leaves the whole old file or the whole new one)."""
+    """Replace a file's content with `text` as UTF-8, all or nothing (a rename is atomic)."""
     data = text.encode("utf-8")             # a lone surrogate fails here, before any change
     target = target.resolve()               # through a symbolic link, as open() would go
-    mode = target.stat().st_mode & 0o7777 if target.exists() else None
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     try:
@@ -510,8 +527,8 @@ def write_text_atomically(target: Path, text: str) -> int:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())         # on the disk before the rename makes it the file
-        if mode is not None:
-            os.chmod(temporary, mode)       # a script stays executable
+        if target.exists():                 # a script stays executable
+            os.chmod(temporary, target.stat().st_mode & 0o7777)
         os.replace(temporary, target)
     except BaseException:                   # Ctrl-C too: leave no temporary file behind
         temporary.unlink(missing_ok=True)
@@ -572,11 +589,10 @@ def bounded_lines(file):
 
 #: teaching
 def glob_matches(relative: Path, glob: str) -> bool:
-    """`*.py` (no slash) matches the file name in any folder; `src/**/*.py` matches the
-    path below the search root, `**` standing for any number of folders, even none."""
+    """`*.py` (no slash) matches a name in any folder, `src/**/*.py` the path below the root."""
     if "/" not in glob:
         return fnmatch.fnmatch(relative.name, glob)
-    # The glob as a regular expression: `**/` is any run of folders, `*` stays in one.
+    # As a regular expression: `**/` is any run of folders (even none), `*` stays in one.
     regex = re.escape(glob.removeprefix("./")).replace(r"\*\*/", "(?:.*/)?")
     regex = regex.replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
     return re.fullmatch(regex, relative.as_posix()) is not None
@@ -705,6 +721,13 @@ def run_search_worker(pattern: str, files: list, deadline: float) -> list | None
     return json.loads(done.stdout)
 
 
+#: teaching
+def tool_may_have_side_effect(name: str) -> bool:
+    """Unknown tools count as mutating: when in doubt, assume a change."""
+    return getattr(REGISTRY.get(name), "mutates", True)
+
+
+#: hardened
 def tool_may_have_side_effect(name: str) -> bool:
     """Unknown tools count as mutating: when in doubt, assume a change."""
     entry = REGISTRY.get(name)
@@ -777,6 +800,38 @@ STAGE = "s02"
 STAGE_TITLE = "tool registry, validation door and file tools"
 
 
+#: teaching
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    """
+    on_event = on_event or (lambda kind, data: None)
+    tools = REGISTRY.get_definitions() if tools is None else tools
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    strikes = 0                         # consecutive turns whose calls were all invalid
+    for _ in range(max_iterations):
+        response = client.chat.completions.create(
+            model=model, messages=messages, **tool_fields(tools))
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        if run_tool_calls(message.tool_calls, messages, on_event, offered):
+            strikes = 0
+        else:
+            strikes += 1
+        if strikes >= MAX_INVALID_TURNS:
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
+            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
+                    f"(last: {names}). Ask again, or check the model's tool support.]")
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+#: hardened
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
     """The agent loop. Returns the final answer text.
@@ -808,6 +863,25 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 
+#: teaching
+def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
+    """Check every call at the door, run the valid ones in order; each call gets exactly
+    one tool message, even on Ctrl-C. Returns True if at least one call was valid."""
+    calls = [call_parts(call) for call in tool_calls]
+    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result = safe_text(error if error is not None else REGISTRY.dispatch(name, args))
+            messages.append(tool_message(call_id, result))
+            on_event("tool_result", {"name": name, "result": result})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+    return any(error is None for _, error in checked)
+
+
+#: hardened
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
@@ -828,6 +902,20 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict) ->
         raise
     return any(error is None for _, error in checked)
 
+
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /quit          leave (or Ctrl-D); Ctrl-C cancels the current turn
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -840,6 +928,17 @@ The offline model understands:
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)"""
 
 
+#: teaching
+class Session:
+    """Everything one running agent needs: the client, the model, the messages."""
+
+    def __init__(self, client, model: str, base_url: str, max_iterations: int, tools=None):
+        self.client, self.model, self.base_url = client, model, base_url
+        self.max_iterations, self.messages = max_iterations, []
+        self.tools = REGISTRY.get_definitions() if tools is None else tools
+
+
+#: hardened
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
 
@@ -852,6 +951,20 @@ class Session:
         self.messages: list = []
 
 
+#: teaching
+def show_event(kind: str, data: dict) -> None:
+    """Print tool calls and results compactly."""
+    if kind == "tool_call":
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
+    elif kind == "tool_result":
+        outcome = classify_tool_result(data["name"], data["result"])
+        style = {"landed": "green", "error": "red", "refused": "yellow"}.get(outcome, "dim")
+        mark = "" if outcome == "ok" else f"\n    [{outcome}]"
+        console.print(Text(indent_result(data["result"]) + mark, style=style))
+
+
+#: hardened
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
@@ -880,12 +993,9 @@ def run_turn(session: Session, user_text: str) -> bool:
 
 
 #: teaching
-DEMO_INPUTS = [
-    "write notes/hello.txt Hello from the tool registry",
-    'call patch {"path": "notes/hello.txt", "old_string": "Hello", "new_string": "Goodbye"}',
-    "$ cat notes/hello.txt",
-    "call no_such_tool {}",
-]
+DEMO_INPUTS = ["write hello.txt Hello from the tool registry",
+               'call patch {"path": "hello.txt", "old_string": "Hello", "new_string": "Goodbye"}',
+               "$ cat hello.txt", "call no_such_tool {}"]
 
 
 #: teaching
@@ -971,6 +1081,25 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+#: teaching
+def open_session(args) -> Session:
+    """Real endpoint if configured, otherwise the offline model on a loopback port."""
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    api_key = os.environ.get("OPENAI_API_KEY")
+    tools = REGISTRY.get_definitions(args.toolsets, args.disable_toolsets)
+    if args.offline or args.demo or not (base_url or api_key):
+        server = start_offline_server()
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
+        return Session(make_client(server.url, "offline"), "offline", server.url,
+                       args.max_iterations, tools)
+    model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
+    client = make_client(base_url, api_key)
+    return Session(client, model, str(client.base_url), args.max_iterations, tools)
+
+
+#: hardened
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
@@ -995,6 +1124,23 @@ def open_session(args) -> Session:
 OFFLINE_VERBS = "'read <path>', 'write <path> <text>' or 'call <tool> <json>'"
 
 
+#: teaching
+def offline_plan(text: str):
+    """Map learner input to (tool name, arguments), or None. `call` keeps the raw text."""
+    if text.startswith("$ "):
+        return "terminal", {"command": text[2:]}
+    verb, _, rest = text.partition(" ")
+    head, _, tail = rest.strip().partition(" ")
+    if verb == "read" and head:
+        return "read_file", {"path": rest.strip()}
+    if verb == "write" and tail:
+        return "write_file", {"path": head, "content": tail}
+    if verb == "call" and head:
+        return head, tail
+    return None
+
+
+#: hardened
 def offline_plan(text: str):
     """Map learner input to (tool name, arguments), or None. `call` keeps the raw text."""
     if text.startswith("$ "):
@@ -1013,35 +1159,27 @@ def offline_plan(text: str):
 
 #: teaching
 def offline_summary(messages: list) -> str:
-    """Summarise the tool results that follow the last assistant message."""
-    results = []
-    for message in reversed(messages):
-        if message.get("role") != "tool":
-            break
-        results.insert(0, message.get("content") or "")
-    lines = []
-    for result in results:
-        data = parse_result(result) or {"output": result}
-        if "exit_code" in data:
-            output = first_line(data.get("output", ""), 120) or "(no output)"
-            lines.append(f"The command exited with code {data['exit_code']}; "
-                         f"first line of output: {output}")
-            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
-            if cut:
-                lines.append(f"The output was long: I received its start and end, "
-                             f"{cut.group(1)} characters in the middle were cut.")
-        elif "bytes_written" in data:
-            lines.append(f"Wrote {data['bytes_written']} bytes to {data['path']}.")
-        elif "replacements" in data:
-            lines.append(f"Patched {data['path']}: {data['replacements']} replacement(s).")
-        elif "content" in data:
-            lines.append(f"{data['path']} has {data['total_lines']} line(s); line 1 reads: "
-                         f"{first_line(data['content'].partition('|')[2], 120)}")
-        elif "error" in data:
-            lines.append(f"The tool reported: {first_line(data['error'], 160)}")
-        else:
-            lines.append(f"The tool answered: {first_line(result, 160)}")
-    return "\n".join(lines) or "Done."
+    """Summarise the result of the last tool call (this model asks for one at a time)."""
+    result = messages[-1]["content"]
+    data = parse_result(result) or {}
+    if "exit_code" in data:
+        summary = (f"The command exited with code {data['exit_code']}; first line of output: "
+                   f"{first_line(data['output'], 120) or '(no output)'}")
+        cut = re.search(r"\[(\d+) characters truncated\]", data["output"])
+        if cut:
+            summary += (f"\nThe output was long: I received its start and end, "
+                        f"{cut.group(1)} characters in the middle were cut.")
+        return summary
+    if "bytes_written" in data:
+        return f"Wrote {data['bytes_written']} bytes to {data['path']}."
+    if "replacements" in data:
+        return f"Patched {data['path']}: {data['replacements']} replacement(s)."
+    if "content" in data:
+        return (f"{data['path']} has {data['total_lines']} line(s); line 1 reads: "
+                f"{first_line(data['content'].partition('|')[2], 120)}")
+    if "error" in data:
+        return f"The tool reported: {first_line(data['error'], 160)}"
+    return f"The tool answered: {first_line(result, 160)}"
 
 
 #: hardened
@@ -1082,6 +1220,22 @@ def offline_summary(messages: list) -> str:
     return "\n".join(lines) or "Done."
 
 
+#: teaching
+def offline_reply(messages: list, counter: list) -> dict:
+    """The next assistant message, as plain data."""
+    if messages[-1]["role"] == "tool":
+        return stubborn_retry(messages) or {"content": offline_summary(messages)}
+    plan = offline_plan(str(messages[-1].get("content") or "").strip())
+    if plan is None:
+        return {"content": OFFLINE_HELP}
+    counter[0] += 1
+    kind = "raw" if isinstance(plan[1], str) else "offline"     # raw: `call`, sent as typed
+    function = {"name": plan[0], "arguments": plan[1] if kind == "raw" else json.dumps(plan[1])}
+    return {"content": "", "tool_calls": [{"id": f"call_{kind}_{counter[0]}",
+                                           "type": "function", "function": function}]}
+
+
+#: hardened
 def offline_reply(messages: list, counter: list) -> dict:
     """The next assistant message, as plain data."""
     last = messages[-1] if messages else {}

@@ -258,6 +258,16 @@ def test_repl_sessions_and_resume_commands(stage_name, tmp_path):
     assert "* " + old_id in result.stdout
 
 
+@pytest.mark.parametrize("stage_name", STAGES)
+def test_the_offline_model_summarises_what_a_search_found(stage_name, tmp_path):
+    env = clean_env(LEARN_HERMES_HOME=str(tmp_path / "home"))
+    run_main(stage_name, stdin="$ echo the code is pineapple\n", env=env, cwd=tmp_path)
+    result = run_main(stage_name, stdin="search pineapple\nsearch zucchini\n", env=env,
+                      cwd=tmp_path)
+    assert "Found 3 earlier message(s); best match in session " in result.stdout, result.stdout
+    assert "Found 0 earlier message(s)." in result.stdout
+
+
 def test_a_failed_first_turn_leaves_no_session(stage, db_path, monkeypatch):
     """A wrong key or URL must not leave a session that /sessions lists and
     --continue picks up."""
