@@ -342,8 +342,7 @@ STATUS_CATEGORIES = {401: "auth", 402: "billing", 403: "auth", 404: "model_not_f
 ERROR_CODES = {"insufficient_quota": "billing", "context_length_exceeded": "context_overflow"}
 
 def classify_api_error(exc: Exception) -> ApiErrorClass:
-    """What went wrong with a model call, and whether sending it again can help: the
-    exception's class says if there was an answer, its status and code what it meant."""
+    """What went wrong with a model call, and whether sending it again can help."""
     status = getattr(exc, "status_code", None)
     if isinstance(exc, openai.APITimeoutError):         # a kind of APIConnectionError
         category = "timeout"
@@ -361,8 +360,7 @@ def classify_api_error(exc: Exception) -> ApiErrorClass:
                          retry_after_seconds(headers))
 
 class RetryPolicy(NamedTuple):
-    """How hard one model call tries. `sleep` and `jitter` are parameters so that
-    tests never wait for real; `notify` shows what happens (a line per retry)."""
+    """How hard one model call tries. Tests pass their own `sleep` and `jitter`: no real wait."""
     max_retries: int = API_MAX_RETRIES
     base_delay: float = RETRY_BASE_DELAY
     max_delay: float = RETRY_MAX_DELAY
@@ -382,11 +380,9 @@ def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) ->
 
 def call_model(client, model: str, messages: list, tools: list,
                policy: RetryPolicy | None = None):
-    """One model call of the agent loop: retry what may work later with a growing wait,
-    then try the fallback once. An error that retrying cannot fix goes straight up to
-    run_turn(), which prints one line."""
-    policy = policy or RetryPolicy()
-    retries = 0
+    """One model call of the agent loop: retry what may work later with a growing wait, then
+    the fallback once. Any other error goes up to run_turn(), which prints one line."""
+    policy, retries = policy or RetryPolicy(), 0
     while True:
         try:
             return client.chat.completions.create(
@@ -426,9 +422,8 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 
 
 class IterationBudget:
-    """How many model calls one user turn may make (--max-iterations). Thread-safe: later
-    stages share one budget between threads, and two that both read "1 left" must not
-    both get it."""
+    """How many model calls one user turn may make (--max-iterations). The lock: later stages
+    share one budget between threads, and two that both read "1 left" must not both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
@@ -448,29 +443,22 @@ class IterationBudget:
         with self._lock:
             self.used = max(0, self.used - 1)
 
-    @property
-    def remaining(self) -> int:
-        return max(0, self.max_total - self.used)
-
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
-# (warn from, stop from), counted per user turn: the same call (tool and arguments) failed
-# again, stop = block the next one; one tool failed again, whatever the arguments, stop =
-# halt the turn.
+# (warn from, stop from) per user turn. exact_failure: the same call (tool and arguments)
+# failed again, stop = block the next one; same_tool_failure: any arguments, stop = halt.
 GUARDRAIL_THRESHOLDS = {"exact_failure": (2, 5), "same_tool_failure": (3, 8)}
 
 def call_signature(name: str, args: dict) -> tuple[str, str]:
-    """A call's identity: the tool's name and a SHA-256 of its arguments as canonical
-    JSON (sorted keys, no spaces), so {"b": 2, "a": 1} and {"a":1,"b":2} are one call.
-    Only the hash is ever shown, never the arguments: they may hold a secret."""
+    """A call's identity: the tool's name and a SHA-256 of its arguments as canonical JSON, so
+    {"b": 2, "a": 1} is {"a":1,"b":2}. Only the hash is shown: arguments may hold a secret."""
     canonical = json.dumps(args, sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False, default=str)
     return name, hashlib.sha256(canonical.encode("utf-8", "replace")).hexdigest()
 
 def tool_call_failed(name: str, result: str) -> bool:
-    """A failure, for the guardrails: s02's classify_tool_result() says "error", or a
-    terminal command exited with a code other than 0. A change that landed, a refusal
-    by a guard and a command that printed "error" but exited 0 are not failures."""
+    """s02's classify_tool_result() says "error", or a terminal command exited with a code
+    other than 0. A refusal, or "error" printed by a command that exited 0, is no failure."""
     if classify_tool_result(name, result) == "error":
         return True
     data = parse_result(result) if name == "terminal" else None
@@ -483,9 +471,8 @@ class GuardrailDecision(NamedTuple):
     count: int                          # the count that crossed the threshold
 
 class ToolCallGuardrails:
-    """One user turn's watch over tool calls that go in circles. before_call() may
-    block a call; after_call() may warn about it or halt the turn. Only calls that
-    passed s02's door come here; a block is not a failure and changes no count."""
+    """One user turn's watch over tool calls that go in circles: before_call() may block a
+    call, after_call() warn about it or halt the turn. A block changes no count."""
 
     def __init__(self, thresholds: dict | None = None):
         self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
@@ -496,11 +483,16 @@ class ToolCallGuardrails:
     def run(self, name: str, args: dict) -> tuple[str, str]:
         """Run one valid call under guard: (its result, a note to append for the model)."""
         block = self.before_call(name, args)
-        if block is not None:
-            return guardrail_refusal(block), ""
+        if block is not None:           # not run: an error, and the decision (no arguments)
+            return json.dumps({"error": guardrail_message(block), "guardrail": block._asdict()},
+                              ensure_ascii=False), ""
         result = REGISTRY.dispatch(name, args)
         decision = self.after_call(name, args, result)
-        return result, guardrail_note(decision) if decision is not None else ""
+        if decision is None:
+            return result, ""
+        label = "Tool loop hard stop" if decision.action == "halt" else "Tool loop warning"
+        return result, (f"\n\n[{label}: {decision.code}; count={decision.count}; "
+                        f"{guardrail_message(decision)}]")
 
     def before_call(self, name: str, args: dict) -> GuardrailDecision | None:
         if self.halted is not None:                     # later calls of the halted batch
@@ -534,8 +526,7 @@ class ToolCallGuardrails:
 
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The seconds an endpoint's `Retry-After` asks us to wait; None when absent or not a
-    number (the hardened edition also reads `retry-after-ms` and an HTTP date)."""
+    """The seconds the endpoint's `Retry-After` asks for; None if absent, a date or no number."""
     try:
         seconds = float(headers.get("retry-after"))
     except (ValueError, TypeError):                     # absent, a date, or no number
@@ -559,8 +550,7 @@ GUARDRAIL_MESSAGES = {
     "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
         "assumptions (for terminal: which folder, which files?) before the next try.",
     "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
-        "exactly these arguments. Change the arguments or the approach, or tell the user "
-        "what is in the way.",
+        "exactly these arguments. Change them or the approach, or tell the user what blocks you.",
     "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so it ends here.",
     "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
 }
@@ -568,18 +558,6 @@ GUARDRAIL_MESSAGES = {
 def guardrail_message(decision: GuardrailDecision) -> str:
     return GUARDRAIL_MESSAGES[decision.code].format(tool=decision.tool_name,
                                                     count=decision.count)
-
-def guardrail_refusal(decision: GuardrailDecision) -> str:
-    """The result of a call that was not run: an error for the model, and the decision
-    as data (never the arguments: they may hold a secret)."""
-    return json.dumps({"error": guardrail_message(decision), "guardrail": decision._asdict()},
-                      ensure_ascii=False)
-
-def guardrail_note(decision: GuardrailDecision) -> str:
-    """What after_call() appends to a real result: the model reads it with the result."""
-    label = "Tool loop hard stop" if decision.action == "halt" else "Tool loop warning"
-    return (f"\n\n[{label}: {decision.code}; count={decision.count}; "
-            f"{guardrail_message(decision)}]")
 
 def halt_explanation(decision: GuardrailDecision) -> str:
     return (f"[stopped: {decision.tool_name} failed {decision.count} times in a row, so the "
@@ -1565,9 +1543,7 @@ def run_conversation(client, model: str, messages: list,
     The loop ends when the assistant message has no tool calls: we trust the
     message itself, not finish_reason, which some servers report wrongly.
     `tools` is the list of definitions offered (default: every available tool).
-    Before every model call, compress_context() keeps the messages inside the
-    model's `context_length` (s05).
-    `recovery` says how a failed model call is retried (see call_model()).
+    Before every model call, compress_context() keeps the messages inside the window.
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
@@ -1600,7 +1576,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
                    guardrails: ToolCallGuardrails | None = None) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
-    Valid calls run through the turn's `guardrails`, which may add a note.
 
     If Ctrl-C arrives, the interrupted call and every call after it still get a
     result ("interrupted"), so the conversation stays valid; then we re-raise.
@@ -2223,9 +2198,8 @@ def show_recovery(session: Session, argument: str) -> None:
         else f"{policy.fallback_model or session.model} at {policy.fallback_client.base_url}"
     console.print(Text(f"  retries     {policy.max_retries} per model call, waiting "
                        f"{policy.base_delay:g} s, doubling up to {policy.max_delay:g} s\n"
-                       f"  fallback    {fallback}\n"
-                       f"  budget      {session.max_iterations} model calls per turn\n"
-                       f"  guardrails  (warn, stop) {GUARDRAIL_THRESHOLDS}"))
+                       f"  fallback    {fallback}\n  budget      {session.max_iterations} model "
+                       f"calls per turn\n  guardrails  (warn, stop) {GUARDRAIL_THRESHOLDS}"))
 
 COMMANDS["/recovery"] = show_recovery
 
@@ -2241,8 +2215,6 @@ def retry_policy_from_args(args, session: Session) -> RetryPolicy:
         if args.fallback_base_url else session.client if args.fallback_model else None
     return RetryPolicy(args.max_retries, fallback_client=fallback_client,
                        fallback_model=args.fallback_model)
-
-DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
 
 # ── [s07] Memory commands ───────────────────────────────────────────────────
 
@@ -2412,40 +2384,30 @@ class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
         pass
 
-    def send_json(self, status: int, body: dict, headers: dict | None = None) -> None:
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        self.send_json(200, {"object": "list", "data": [{"id": "offline", "object": "model"}]})
-
     def do_POST(self):
+        headers = {}
         try:
-            length = int(self.headers.get("Content-Length", 0))
-            request = json.loads(self.rfile.read(length) or b"{}")
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             failure = offline_failure(request, self.server.failures)
             if failure == "connection":         # hang up without an answer
                 self.close_connection = True
                 return
-            if failure is not None:
-                self.send_json(*failure)
-                return
-            reply = offline_reply(request.get("messages", []), self.server.counter)
-            self.send_json(200, completion_body(reply, request.get("model", "offline")))
-        except Exception as exc:
-            self.send_json(500, {"error": {"message": f"offline model failed: {exc}"}})
+            status, body, headers = failure or (200, completion_body(
+                offline_reply(request["messages"], self.server.counter), request["model"]), {})
+        except Exception as exc:               # one line for the learner, not a traceback
+            status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in headers.items():     # Retry-After
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
 
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
-    server.daemon_threads = True
-    server.counter = [0]
-    server.failures = {}                    # how often each 'fail' request has failed
+    server.daemon_threads, server.counter, server.failures = True, [0], {}   # see offline_failure()
     server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
@@ -2494,73 +2456,64 @@ def describe_context(messages: list) -> str:
         return text + "There is no summary."
     return text + "One summary replaced the middle:\n" + summary[len(SUMMARY_PREFIX):].strip()
 
-# 'fail <kind>': the (status, error code, headers) answered instead; "connection" hangs up.
-OFFLINE_FAILURES = {"rate_limit": (429, "rate_limit_exceeded", {"Retry-After": "0.1"}),
-                    "billing": (429, "insufficient_quota", {}),
-                    "auth": (401, "invalid_api_key", {}),
-                    "model_not_found": (404, "model_not_found", {}),
-                    "context_overflow": (400, "context_length_exceeded", {}),
-                    "bad_request": (400, None, {}), "server": (500, None, {}), "connection": None}
+# 'fail <kind>': the (status, error code) answered instead; "connection" hangs up.
+OFFLINE_FAILURES = {"rate_limit": (429, None), "billing": (429, "insufficient_quota"),
+                    "auth": (401, None), "model_not_found": (404, None),
+                    "context_overflow": (400, "context_length_exceeded"),
+                    "bad_request": (400, None), "server": (500, None), "connection": None}
 
 def failure_asked(text: str):
-    """'fail <kind> [times]' as (kind, times), or the reply that says what is wrong."""
-    kind, *count = text.split()[1:] or [""]
-    if kind not in OFFLINE_FAILURES:
-        return f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."
-    if count and not (len(count) == 1 and count[0].isdecimal() and int(count[0]) > 0):
-        return f"fail {kind} how many times? A count of 1 or more, e.g. fail {kind} 3."
-    return kind, int(count[0]) if count else 1
+    """'fail <kind> [times]' as (kind, times); None if it is not one."""
+    words = text.split() + ["1"]                        # once by default
+    ok = len(words) in (3, 4) and words[0] == "fail" and words[1] in OFFLINE_FAILURES
+    return (words[1], int(words[2])) if ok and words[2].isdecimal() and int(words[2]) else None
 
 def offline_failure(request: dict, failures: dict):
-    """For 'fail <kind> [times]': the failure to send instead of an answer, `times` times
-    for the same request (its last message, and how often that message was sent). Only
-    the model "offline" fails: the fallback offline-backup is healthy."""
+    """(status, body, headers) or "connection" instead of an answer, `times` times for one
+    request (its last message, and how often that was sent); offline-backup never fails."""
     messages = request.get("messages") or [{}]
     last = messages[-1] if isinstance(messages[-1], dict) else {}
-    text = str(last.get("content"))
-    asked = failure_asked(text) if text.startswith("fail ") else ""
-    key = (text, messages.count(last))
-    if request.get("model") != "offline" or last.get("role") != "user" \
-            or isinstance(asked, str) or failures.get(key, 0) >= asked[1]:
+    asked = failure_asked(str(last.get("content")))
+    key = (last.get("content"), messages.count(last))
+    if request.get("model") != "offline" or last.get("role") != "user" or asked is None \
+            or failures.get(key, 0) >= asked[1]:
         return None
     failures[key] = failures.get(key, 0) + 1
     if OFFLINE_FAILURES[asked[0]] is None:
         return "connection"
-    status, code, headers = OFFLINE_FAILURES[asked[0]]
+    status, code = OFFLINE_FAILURES[asked[0]]
     return status, {"error": {"message": f"The offline endpoint failed as asked ({asked[0]}).",
-                              "type": "offline_failure", "code": code}}, headers
+                              "type": "offline_failure", "code": code}}, \
+        {"Retry-After": "0.1"} if asked[0] == "rate_limit" else {}
 
 def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
     if text.startswith("fail "):
         asked = failure_asked(text)
-        return {"content": asked if isinstance(asked, str) else f"This answer got through: "
-                           f"the endpoint failed ({asked[0]}) as asked, and the agent recovered."}
-    plan = offline_plan(text.removeprefix("retry ").strip())
-    if plan is None or isinstance(plan[1], str):
-        return {"content": "retry what? Try: retry $ ls no-such-file"}
-    counter[0] += 1
-    call = {"name": plan[0], "arguments": json.dumps(plan[1])}
-    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
-                                           "function": call}]}
+        return {"content": f"This answer got through: the endpoint failed ({asked[0]}) as "
+                           f"asked, and the agent recovered." if asked else
+                           f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}; times: 1 or more."}
+    return stubborn_rerun([{"role": "user", "content": text}], counter) \
+        or {"content": "retry what? Try: retry $ ls no-such-file"}
 
 def stubborn_rerun(messages: list, counter: list):
-    """After 'retry <input>', like a stuck model: send the same call again. Once blocked,
-    vary a terminal command (a comment), so only the same-tool count can stop it."""
+    """After 'retry <input>', like a stuck model: make that call again and again. Once it
+    is blocked, vary a terminal command (a comment): only the same-tool count stops it."""
     start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    calls = messages[-2].get("tool_calls") or []
-    if not str(messages[start]["content"]).startswith("retry ") or len(calls) != 1:
+    text = str(messages[start]["content"])
+    plan = offline_plan(text.removeprefix("retry ").strip())
+    blocked = any('"guardrail"' in str(m.get("content")) for m in messages[start + 1:])
+    if not text.startswith("retry ") or plan is None or isinstance(plan[1], str) \
+            or blocked and plan[0] != "terminal":       # a blocked read: give up, summarise
         return None
-    function = dict(calls[0]["function"])
-    if '"guardrail"' in str(messages[-1]["content"]) or "# attempt" in function["arguments"]:
-        if function["name"] != "terminal":
-            return None                             # a blocked read: give up and summarise
-        command = json.loads(function["arguments"])["command"].split(" # attempt ")[0]
+    name, args = plan
+    if blocked:
         attempt = 1 + sum(m["role"] == "assistant" for m in messages[start:])  # this turn
-        function["arguments"] = json.dumps({"command": f"{command} # attempt {attempt}"})
+        args = {"command": f"{args['command']} # attempt {attempt}"}
     counter[0] += 1
-    return {"content": "", "tool_calls": [dict(calls[0], id=f"call_retry_{counter[0]}",
-                                               function=function)]}
+    call = {"name": name, "arguments": json.dumps(args)}
+    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
+                                           "function": call}]}
 
 # ── Wiring: module-level set-up, run once everything above is defined ───────
 
