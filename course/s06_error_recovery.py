@@ -293,8 +293,7 @@ def call_model(client, model: str, messages: list, tools: list,
 #: teaching
 def call_fallback(client, model: str, messages: list, tools: list, policy: RetryPolicy,
                   failure: Exception):
-    """The retries are used up: one try with the fallback, if there is one. If that
-    fails too, the first error goes up, because it names the endpoint you chose."""
+    """Retries used up: the fallback once, if any; if that fails, your endpoint's error goes up."""
     if policy.fallback_client is None:
         raise failure
     model = policy.fallback_model or model
@@ -821,6 +820,14 @@ def show_recovery(session: Session, argument: str) -> None:
 COMMANDS["/recovery"] = show_recovery
 
 
+#: teaching
+def non_negative_int(text: str) -> int:
+    if int(text) < 0:                   # argparse says so for a text that is no number
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return int(text)
+
+
+#: hardened
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
