@@ -536,8 +536,7 @@ def find_injection(text: str) -> list[str]:
     text = text[:_SCAN_MAX_CHARS]
     findings = {"invisible_unicode"} if invisible_characters(text) else set()
     normal = normalise_text(text)
-    # The word rules read the text with its markup folded away (`ig<b></b>nore`); the
-    # structure checks read the markup itself, every HTML comment (even one shown as code).
+    # Word rules read the text with its markup folded away; structure checks, the markup.
     words = fold_text(normal)
     findings.update(finding for finding, rule in THREAT_PATTERNS if rule.search(words))
     findings.update(finding for finding, check in STRUCTURE_CHECKS if check(normal))
@@ -589,8 +588,7 @@ def invisible_characters(text: str) -> set[str]:
     return {char for char in set(text) if unicodedata.category(char) == "Cf"}
 
 def normalise_text(text: str) -> str:
-    """Invisible characters removed, NFKC (full-width "ｉｇｎｏｒｅ" becomes "ignore") and one
-    kind of line break; indentation stays (in Markdown it can make a line code)."""
+    """No invisible characters, NFKC ("ｉｇｎｏｒｅ" → "ignore"), one line break; indents stay."""
     invisible = invisible_characters(text)
     if invisible:
         text = text.translate(dict.fromkeys(map(ord, invisible)))
@@ -629,8 +627,7 @@ def _near(*keywords: str) -> re.Pattern:
     return re.compile((_GAP + _FILLER).join(parts) + r"\b")
 
 def _first(*words: str, negatable: bool = False) -> str:
-    """A rule's first key word: one of `words`, not inside another word and, if
-    `negatable`, not right after a negation."""
+    """A rule's first key word: one of `words`, whole, and if `negatable` not after a negation."""
     before = [r"\w"] + (_NEGATIONS if negatable else [])
     forms = [word + "".join(f"(?<!{text}{word})" for text in before) for word in words]
     return f"(?:{'|'.join(forms)})"
