@@ -4,9 +4,8 @@
 """s06 · Error recovery — when the endpoint fails, and when the model goes in circles.
 
 What this stage adds
-    Every model call goes through call_model(): what may work later is retried with a
-    growing wait, then a fallback model gets one try; anything else ends the turn with
-    one line. Each turn gets an IterationBudget; ToolCallGuardrails stop tool-call loops.
+    Every model call goes through call_model(); each turn gets an IterationBudget, and
+    ToolCallGuardrails stop tool-call loops.
 
     call_model() ─ ok ────────────────────────────────────────────────▶ the answer
         │ error: classify_api_error()
@@ -146,8 +145,7 @@ ERROR_CODES = {"insufficient_quota": "billing", "context_length_exceeded": "cont
 
 #: teaching
 def classify_api_error(exc: Exception) -> ApiErrorClass:
-    """What went wrong with a model call, and whether sending it again can help: the
-    exception's class says if there was an answer, its status and code what it meant."""
+    """What went wrong with a model call, and whether sending it again can help."""
     status = getattr(exc, "status_code", None)
     if isinstance(exc, openai.APITimeoutError):         # a kind of APIConnectionError
         category = "timeout"
@@ -191,8 +189,7 @@ def show_recovery_note(line: str) -> None:
 
 #: teaching
 class RetryPolicy(NamedTuple):
-    """How hard one model call tries. `sleep` and `jitter` are parameters so that
-    tests never wait for real; `notify` shows what happens (a line per retry)."""
+    """How hard one model call tries. Tests pass their own `sleep` and `jitter`: no real wait."""
     max_retries: int = API_MAX_RETRIES
     base_delay: float = RETRY_BASE_DELAY
     max_delay: float = RETRY_MAX_DELAY
@@ -235,11 +232,9 @@ def backoff_delay(retry: int, retry_after: float | None, policy: RetryPolicy) ->
 #: teaching
 def call_model(client, model: str, messages: list, tools: list,
                policy: RetryPolicy | None = None):
-    """One model call of the agent loop: retry what may work later with a growing wait,
-    then try the fallback once. An error that retrying cannot fix goes straight up to
-    run_turn(), which prints one line."""
-    policy = policy or RetryPolicy()
-    retries = 0
+    """One model call of the agent loop: retry what may work later with a growing wait, then
+    the fallback once. Any other error goes up to run_turn(), which prints one line."""
+    policy, retries = policy or RetryPolicy(), 0
     while True:
         try:
             return client.chat.completions.create(
@@ -298,8 +293,7 @@ def call_model(client, model: str, messages: list, tools: list,
 #: teaching
 def call_fallback(client, model: str, messages: list, tools: list, policy: RetryPolicy,
                   failure: Exception):
-    """The retries are used up: one try with the fallback, if there is one. If that
-    fails too, the first error goes up, because it names the endpoint you chose."""
+    """Retries used up: the fallback once, if any; if that fails, your endpoint's error goes up."""
     if policy.fallback_client is None:
         raise failure
     model = policy.fallback_model or model
@@ -345,9 +339,8 @@ def compress_for_overflow(client, model: str, messages: list) -> bool:
 
 #: teaching
 class IterationBudget:
-    """How many model calls one user turn may make (--max-iterations). Thread-safe: later
-    stages share one budget between threads, and two that both read "1 left" must not
-    both get it."""
+    """How many model calls one user turn may make (--max-iterations). The lock: later stages
+    share one budget between threads, and two that both read "1 left" must not both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
@@ -366,10 +359,6 @@ class IterationBudget:
         """Give one unit back, for a call that should not count; never below zero."""
         with self._lock:
             self.used = max(0, self.used - 1)
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.max_total - self.used)
 
 
 #: hardened
@@ -411,9 +400,8 @@ class IterationBudget:
 #: section Tool-call guardrails
 
 #: teaching
-# (warn from, stop from), counted per user turn: the same call (tool and arguments) failed
-# again, stop = block the next one; one tool failed again, whatever the arguments, stop =
-# halt the turn.
+# (warn from, stop from) per user turn. exact_failure: the same call (tool and arguments)
+# failed again, stop = block the next one; same_tool_failure: any arguments, stop = halt.
 GUARDRAIL_THRESHOLDS = {"exact_failure": (2, 5), "same_tool_failure": (3, 8)}
 
 
@@ -428,6 +416,16 @@ GUARDRAIL_THRESHOLDS = {
 }
 
 
+#: teaching
+def call_signature(name: str, args: dict) -> tuple[str, str]:
+    """A call's identity: the tool's name and a SHA-256 of its arguments as canonical JSON, so
+    {"b": 2, "a": 1} is {"a":1,"b":2}. Only the hash is shown: arguments may hold a secret."""
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False, default=str)
+    return name, hashlib.sha256(canonical.encode("utf-8", "replace")).hexdigest()
+
+
+#: hardened
 def call_signature(name: str, args: dict) -> tuple[str, str]:
     """A call's identity: the tool's name and a SHA-256 of its arguments as canonical
     JSON (sorted keys, no spaces), so {"b": 2, "a": 1} and {"a":1,"b":2} are one call.
@@ -437,6 +435,17 @@ def call_signature(name: str, args: dict) -> tuple[str, str]:
     return name, hashlib.sha256(canonical.encode("utf-8", "replace")).hexdigest()
 
 
+#: teaching
+def tool_call_failed(name: str, result: str) -> bool:
+    """s02's classify_tool_result() says "error", or a terminal command exited with a code
+    other than 0. A refusal, or "error" printed by a command that exited 0, is no failure."""
+    if classify_tool_result(name, result) == "error":
+        return True
+    data = parse_result(result) if name == "terminal" else None
+    return data is not None and data.get("exit_code") not in (0, None)
+
+
+#: hardened
 def tool_call_failed(name: str, result: str) -> bool:
     """A failure, for the guardrails: s02's classify_tool_result() says "error", or a
     terminal command exited with a code other than 0. A change that landed, a refusal
@@ -466,9 +475,8 @@ class GuardrailDecision(NamedTuple):
 
 #: teaching
 class ToolCallGuardrails:
-    """One user turn's watch over tool calls that go in circles. before_call() may
-    block a call; after_call() may warn about it or halt the turn. Only calls that
-    passed s02's door come here; a block is not a failure and changes no count."""
+    """One user turn's watch over tool calls that go in circles: before_call() may block a
+    call, after_call() warn about it or halt the turn. A block changes no count."""
 
     def __init__(self, thresholds: dict | None = None):
         self.thresholds = {**GUARDRAIL_THRESHOLDS, **(thresholds or {})}
@@ -479,11 +487,16 @@ class ToolCallGuardrails:
     def run(self, name: str, args: dict) -> tuple[str, str]:
         """Run one valid call under guard: (its result, a note to append for the model)."""
         block = self.before_call(name, args)
-        if block is not None:
-            return guardrail_refusal(block), ""
+        if block is not None:           # not run: an error, and the decision (no arguments)
+            return json.dumps({"error": guardrail_message(block), "guardrail": block._asdict()},
+                              ensure_ascii=False), ""
         result = REGISTRY.dispatch(name, args)
         decision = self.after_call(name, args, result)
-        return result, guardrail_note(decision) if decision is not None else ""
+        if decision is None:
+            return result, ""
+        label = "Tool loop hard stop" if decision.action == "halt" else "Tool loop warning"
+        return result, (f"\n\n[{label}: {decision.code}; count={decision.count}; "
+                        f"{guardrail_message(decision)}]")
 
     def before_call(self, name: str, args: dict) -> GuardrailDecision | None:
         if self.halted is not None:                     # later calls of the halted batch
@@ -594,8 +607,7 @@ class ToolCallGuardrails:
 
 #: teaching
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
-    """The seconds an endpoint's `Retry-After` asks us to wait; None when absent or not a
-    number (the hardened edition also reads `retry-after-ms` and an HTTP date)."""
+    """The seconds the endpoint's `Retry-After` asks for; None if absent, a date or no number."""
     try:
         seconds = float(headers.get("retry-after"))
     except (ValueError, TypeError):                     # absent, a date, or no number
@@ -717,8 +729,7 @@ GUARDRAIL_MESSAGES = {
     "same_tool_failure_warning": "{tool} failed {count} times in a row this turn. Check your "
         "assumptions (for terminal: which folder, which files?) before the next try.",
     "repeated_exact_failure_block": "Not run: {tool} already failed {count} times with "
-        "exactly these arguments. Change the arguments or the approach, or tell the user "
-        "what is in the way.",
+        "exactly these arguments. Change them or the approach, or tell the user what blocks you.",
     "same_tool_failure_halt": "{tool} failed {count} times in a row this turn, so it ends here.",
     "turn_halted": "Not run: the tool-call guardrail stopped this turn before this call.",
 }
@@ -748,14 +759,6 @@ def guardrail_message(decision: GuardrailDecision) -> str:
                                                     count=decision.count)
 
 
-#: teaching
-def guardrail_refusal(decision: GuardrailDecision) -> str:
-    """The result of a call that was not run: an error for the model, and the decision
-    as data (never the arguments: they may hold a secret)."""
-    return json.dumps({"error": guardrail_message(decision), "guardrail": decision._asdict()},
-                      ensure_ascii=False)
-
-
 #: hardened
 def guardrail_refusal(decision: GuardrailDecision) -> str:
     """The result of a call that was not run: an error for the model, and the
@@ -767,6 +770,7 @@ def guardrail_refusal(decision: GuardrailDecision) -> str:
         "signature": {"tool_name": tool_name, "args_hash": args_hash}}}, ensure_ascii=False)
 
 
+#: hardened
 def guardrail_note(decision: GuardrailDecision) -> str:
     """What after_call() appends to a real result: the model reads it with the result."""
     label = "Tool loop hard stop" if decision.action == "halt" else "Tool loop warning"
@@ -790,9 +794,8 @@ def show_recovery(session: Session, argument: str) -> None:
         else f"{policy.fallback_model or session.model} at {policy.fallback_client.base_url}"
     console.print(Text(f"  retries     {policy.max_retries} per model call, waiting "
                        f"{policy.base_delay:g} s, doubling up to {policy.max_delay:g} s\n"
-                       f"  fallback    {fallback}\n"
-                       f"  budget      {session.max_iterations} model calls per turn\n"
-                       f"  guardrails  (warn, stop) {GUARDRAIL_THRESHOLDS}"))
+                       f"  fallback    {fallback}\n  budget      {session.max_iterations} model "
+                       f"calls per turn\n  guardrails  (warn, stop) {GUARDRAIL_THRESHOLDS}"))
 
 
 #: hardened
@@ -817,6 +820,14 @@ def show_recovery(session: Session, argument: str) -> None:
 COMMANDS["/recovery"] = show_recovery
 
 
+#: teaching
+def non_negative_int(text: str) -> int:
+    if int(text) < 0:                   # argparse says so for a text that is no number
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return int(text)
+
+
+#: hardened
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -854,6 +865,7 @@ def every_call_answered(messages: list) -> bool:
     return sorted(calls) == sorted(results)
 
 
+#: hardened
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
 
 
@@ -883,45 +895,39 @@ def recovery_demo_session(template: Session, max_iterations: int) -> Session:
 
 
 #: teaching
-# 'fail <kind>': the (status, error code, headers) answered instead; "connection" hangs up.
-OFFLINE_FAILURES = {"rate_limit": (429, "rate_limit_exceeded", {"Retry-After": "0.1"}),
-                    "billing": (429, "insufficient_quota", {}),
-                    "auth": (401, "invalid_api_key", {}),
-                    "model_not_found": (404, "model_not_found", {}),
-                    "context_overflow": (400, "context_length_exceeded", {}),
-                    "bad_request": (400, None, {}), "server": (500, None, {}), "connection": None}
+# 'fail <kind>': the (status, error code) answered instead; "connection" hangs up.
+OFFLINE_FAILURES = {"rate_limit": (429, None), "billing": (429, "insufficient_quota"),
+                    "auth": (401, None), "model_not_found": (404, None),
+                    "context_overflow": (400, "context_length_exceeded"),
+                    "bad_request": (400, None), "server": (500, None), "connection": None}
 
 
 #: teaching
 def failure_asked(text: str):
-    """'fail <kind> [times]' as (kind, times), or the reply that says what is wrong."""
-    kind, *count = text.split()[1:] or [""]
-    if kind not in OFFLINE_FAILURES:
-        return f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}."
-    if count and not (len(count) == 1 and count[0].isdecimal() and int(count[0]) > 0):
-        return f"fail {kind} how many times? A count of 1 or more, e.g. fail {kind} 3."
-    return kind, int(count[0]) if count else 1
+    """'fail <kind> [times]' as (kind, times); None if it is not one."""
+    words = text.split() + ["1"]                        # once by default
+    ok = len(words) in (3, 4) and words[0] == "fail" and words[1] in OFFLINE_FAILURES
+    return (words[1], int(words[2])) if ok and words[2].isdecimal() and int(words[2]) else None
 
 
 #: teaching
 def offline_failure(request: dict, failures: dict):
-    """For 'fail <kind> [times]': the failure to send instead of an answer, `times` times
-    for the same request (its last message, and how often that message was sent). Only
-    the model "offline" fails: the fallback offline-backup is healthy."""
+    """(status, body, headers) or "connection" instead of an answer, `times` times for one
+    request (its last message, and how often that was sent); offline-backup never fails."""
     messages = request.get("messages") or [{}]
     last = messages[-1] if isinstance(messages[-1], dict) else {}
-    text = str(last.get("content"))
-    asked = failure_asked(text) if text.startswith("fail ") else ""
-    key = (text, messages.count(last))
-    if request.get("model") != "offline" or last.get("role") != "user" \
-            or isinstance(asked, str) or failures.get(key, 0) >= asked[1]:
+    asked = failure_asked(str(last.get("content")))
+    key = (last.get("content"), messages.count(last))
+    if request.get("model") != "offline" or last.get("role") != "user" or asked is None \
+            or failures.get(key, 0) >= asked[1]:
         return None
     failures[key] = failures.get(key, 0) + 1
     if OFFLINE_FAILURES[asked[0]] is None:
         return "connection"
-    status, code, headers = OFFLINE_FAILURES[asked[0]]
+    status, code = OFFLINE_FAILURES[asked[0]]
     return status, {"error": {"message": f"The offline endpoint failed as asked ({asked[0]}).",
-                              "type": "offline_failure", "code": code}}, headers
+                              "type": "offline_failure", "code": code}}, \
+        {"Retry-After": "0.1"} if asked[0] == "rate_limit" else {}
 
 
 #: teaching
@@ -929,35 +935,32 @@ def recovery_reply(text: str, counter: list) -> dict:
     """'fail …' answered at last, or the first call of 'retry <input>'."""
     if text.startswith("fail "):
         asked = failure_asked(text)
-        return {"content": asked if isinstance(asked, str) else f"This answer got through: "
-                           f"the endpoint failed ({asked[0]}) as asked, and the agent recovered."}
-    plan = offline_plan(text.removeprefix("retry ").strip())
-    if plan is None or isinstance(plan[1], str):
-        return {"content": "retry what? Try: retry $ ls no-such-file"}
-    counter[0] += 1
-    call = {"name": plan[0], "arguments": json.dumps(plan[1])}
-    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
-                                           "function": call}]}
+        return {"content": f"This answer got through: the endpoint failed ({asked[0]}) as "
+                           f"asked, and the agent recovered." if asked else
+                           f"fail what? Kinds: {', '.join(OFFLINE_FAILURES)}; times: 1 or more."}
+    return stubborn_rerun([{"role": "user", "content": text}], counter) \
+        or {"content": "retry what? Try: retry $ ls no-such-file"}
 
 
 #: teaching
 def stubborn_rerun(messages: list, counter: list):
-    """After 'retry <input>', like a stuck model: send the same call again. Once blocked,
-    vary a terminal command (a comment), so only the same-tool count can stop it."""
+    """After 'retry <input>', like a stuck model: make that call again and again. Once it
+    is blocked, vary a terminal command (a comment): only the same-tool count stops it."""
     start = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    calls = messages[-2].get("tool_calls") or []
-    if not str(messages[start]["content"]).startswith("retry ") or len(calls) != 1:
+    text = str(messages[start]["content"])
+    plan = offline_plan(text.removeprefix("retry ").strip())
+    blocked = any('"guardrail"' in str(m.get("content")) for m in messages[start + 1:])
+    if not text.startswith("retry ") or plan is None or isinstance(plan[1], str) \
+            or blocked and plan[0] != "terminal":       # a blocked read: give up, summarise
         return None
-    function = dict(calls[0]["function"])
-    if '"guardrail"' in str(messages[-1]["content"]) or "# attempt" in function["arguments"]:
-        if function["name"] != "terminal":
-            return None                             # a blocked read: give up and summarise
-        command = json.loads(function["arguments"])["command"].split(" # attempt ")[0]
+    name, args = plan
+    if blocked:
         attempt = 1 + sum(m["role"] == "assistant" for m in messages[start:])  # this turn
-        function["arguments"] = json.dumps({"command": f"{command} # attempt {attempt}"})
+        args = {"command": f"{args['command']} # attempt {attempt}"}
     counter[0] += 1
-    return {"content": "", "tool_calls": [dict(calls[0], id=f"call_retry_{counter[0]}",
-                                               function=function)]}
+    call = {"name": name, "arguments": json.dumps(args)}
+    return {"content": "", "tool_calls": [{"id": f"call_retry_{counter[0]}", "type": "function",
+                                           "function": call}]}
 
 
 #: hardened
@@ -1061,6 +1064,47 @@ STAGE = "s06"
 STAGE_TITLE = "retries, a fallback, an iteration budget and tool-loop guardrails"
 
 
+#: teaching
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
+                     context_length: int | None = None,
+                     recovery: RetryPolicy | None = None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    `tools` is the list of definitions offered (default: every available tool).
+    Before every model call, compress_context() keeps the messages inside the window.
+    """
+    on_event = on_event or (lambda kind, data: None)
+    tools = REGISTRY.get_definitions() if tools is None else tools
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    strikes = 0                         # consecutive turns whose calls were all invalid
+    budget = IterationBudget(max_iterations)        # one of each per user turn
+    guardrails = ToolCallGuardrails()
+    while budget.consume():
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
+        response = call_model(client, model, messages, tools, recovery)
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        if run_tool_calls(message.tool_calls, messages, on_event, offered, guardrails):
+            strikes = 0
+        else:
+            strikes += 1
+        if guardrails.halted is not None:       # every call of this batch has its result
+            return halt_explanation(guardrails.halted)
+        if strikes >= MAX_INVALID_TURNS:
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
+            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
+                    f"(last: {names}). Ask again, or check the model's tool support.]")
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+
+#: hardened
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
                      context_length: int | None = None,
@@ -1102,6 +1146,32 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 
+#: teaching
+def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
+                   guardrails: ToolCallGuardrails | None = None) -> bool:
+    """Check every call at the door, run the valid ones in order; each call gets
+    exactly one tool message. Returns True if at least one call was valid.
+
+    If Ctrl-C arrives, the interrupted call and every call after it still get a
+    result ("interrupted"), so the conversation stays valid; then we re-raise.
+    """
+    guardrails = guardrails or ToolCallGuardrails()
+    calls = [call_parts(call) for call in tool_calls]
+    checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
+    try:
+        for (call_id, name, arguments), (args, error) in zip(calls, checked):
+            on_event("tool_call", {"name": name, "arguments": arguments})
+            result, note = (error, "") if error is not None else guardrails.run(name, args)
+            result = safe_text(result)
+            messages.append(tool_message(call_id, result + note))
+            on_event("tool_result", {"name": name, "result": result, "note": note})
+    except KeyboardInterrupt:
+        answer_open_tool_calls(messages, "interrupted by the user")
+        raise
+    return any(error is None for _, error in checked)
+
+
+#: hardened
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
                    guardrails: ToolCallGuardrails | None = None) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
@@ -1145,8 +1215,7 @@ The offline model understands:
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
-                         model_not_found, context_overflow, bad_request); default: once
+  fail <kind> [times]    the endpoint fails first (once by default; 'fail ?' lists the kinds)
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)"""
 
 
@@ -1251,7 +1320,7 @@ DEMO_INPUTS = ["fail rate_limit", "fail connection", "fail server 4", "fail auth
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}. Waits are 1/200 of the real ones; the "
                        f"fallback is the model offline-backup.", style="bold"))
-    session.recovery = RetryPolicy(base_delay=DEMO_BASE_DELAY, fallback_client=session.client,
+    session.recovery = RetryPolicy(base_delay=0.01, fallback_client=session.client,
                                    fallback_model="offline-backup")     # --demo saves nothing
     for line in DEMO_INPUTS:
         console.print(Text(f"\n{STAGE}> {line}", style="bold"))
@@ -1397,6 +1466,34 @@ def offline_reply(messages: list, counter: list) -> dict:
                                            "function": {"name": name, "arguments": arguments}}]}
 
 
+#: teaching
+class OfflineHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):              # keep the learner's screen clean
+        pass
+
+    def do_POST(self):
+        headers = {}
+        try:
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            failure = offline_failure(request, self.server.failures)
+            if failure == "connection":         # hang up without an answer
+                self.close_connection = True
+                return
+            status, body, headers = failure or (200, completion_body(
+                offline_reply(request["messages"], self.server.counter), request["model"]), {})
+        except Exception as exc:               # one line for the learner, not a traceback
+            status, body = 500, {"error": {"message": f"offline model failed: {exc}"}}
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in headers.items():     # Retry-After
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+#: hardened
 class OfflineHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):              # keep the learner's screen clean
         pass
@@ -1431,6 +1528,17 @@ class OfflineHandler(BaseHTTPRequestHandler):
             self.send_json(500, {"error": {"message": f"offline model failed: {exc}"}})
 
 
+#: teaching
+def start_offline_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
+    server.daemon_threads, server.counter, server.failures = True, [0], {}   # see offline_failure()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    return server
+
+
+#: hardened
 def start_offline_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), OfflineHandler)
     server.daemon_threads = True

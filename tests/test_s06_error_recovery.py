@@ -512,22 +512,37 @@ def test_the_retry_policy_comes_from_the_command_line(stage):
 
 # ── IterationBudget ──────────────────────────────────────────────────────
 
-def test_budget_consume_refund_used_remaining(stage):
+def test_budget_consume_refund_used(stage):
     budget = stage.IterationBudget(3)
-    assert (budget.max_total, budget.used, budget.remaining) == (3, 0, 3)
+    assert (budget.max_total, budget.used) == (3, 0)
     assert [budget.consume() for _ in range(4)] == [True, True, True, False]
-    assert (budget.used, budget.remaining) == (3, 0)
+    assert budget.used == 3
     budget.refund()
-    assert (budget.used, budget.remaining) == (2, 1)
+    assert budget.used == 2
     assert budget.consume() and not budget.consume()
     single = stage.IterationBudget(1)
     single.consume()
     single.refund()
-    assert (single.used, single.remaining) == (0, 1)
+    assert single.used == 0 and single.consume()
     empty = stage.IterationBudget(0)
-    assert not empty.consume() and empty.remaining == 0
+    assert not empty.consume()
     empty.refund()
-    assert (empty.used, empty.remaining) == (0, 0)               # never below zero
+    assert empty.used == 0                                       # never below zero
+    assert not stage.IterationBudget(-1).consume()
+
+
+@pytest.mark.hardening
+def test_budget_remaining(stage):
+    """`remaining`: the hardened edition's (and Hermes's) view of what is left."""
+    budget = stage.IterationBudget(3)
+    assert budget.remaining == 3
+    assert [budget.consume() for _ in range(4)] == [True, True, True, False]
+    assert budget.remaining == 0
+    budget.refund()
+    assert budget.remaining == 1
+    empty = stage.IterationBudget(0)
+    empty.refund()
+    assert empty.remaining == 0                                  # never below zero
     assert stage.IterationBudget(-1).remaining == 0
 
 
@@ -544,7 +559,7 @@ def test_budget_consume_is_thread_safe(stage):
         thread.start()
     for thread in threads:
         thread.join()
-    assert sum(granted) == 1000 and budget.used == 1000 and budget.remaining == 0
+    assert sum(granted) == 1000 and budget.used == 1000 and not budget.consume()
 
 
 def endless_tool_calls(count=12):
@@ -848,6 +863,14 @@ def test_offline_fail_verb_retries_and_answers(stage_name, tmp_path):
     assert "fail what? Kinds: rate_limit, billing, auth" in result.stdout
 
 
+# The offline model's refusal of a bad count: the teaching edition has one line for any
+# 'fail' it cannot read, the hardened edition says what is wrong with the count.
+COUNT_REFUSAL = {
+    "teaching": "fail what? Kinds: rate_limit, billing, auth, model_not_found, "
+                "context_overflow, bad_request, server, connection; times: 1 or more.",
+    "hardened": "fail server how many times? A count of 1 or more, e.g. fail server 3."}
+
+
 def test_offline_fail_verb_refuses_a_count_below_one(stage_name, tmp_path):
     counts = ("0", "-1", "x", "2 3")
     result = run_main(stage_name, stdin="".join(f"fail server {n}\n" for n in counts),
@@ -855,7 +878,7 @@ def test_offline_fail_verb_refuses_a_count_below_one(stage_name, tmp_path):
     assert result.returncode == 0
     for n in counts:                                # nothing failed, so nothing recovered
         assert repl_output(result.stdout, f"{short(stage_name)}> ", f"fail server {n}") == \
-            "fail server how many times? A count of 1 or more, e.g. fail server 3."
+            COUNT_REFUSAL[edition_of(stage_name)]
     assert "retry" not in result.stderr                 # -1 is not "once"
 
 
