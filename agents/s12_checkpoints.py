@@ -1047,7 +1047,7 @@ class ChildApprovals:
         self.child = child
 
     def __getattr__(self, name: str):
-        return getattr(self.context, name)      # permissions, session_id, remember(), ...
+        return getattr(self.context, name)      # permissions, session_id, ...
 
     def yolo_source(self) -> None:
         return None
@@ -1186,8 +1186,7 @@ DANGEROUS_PATTERNS = [
      "inline code run by an interpreter"),
 ]
 
-ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
-                             r"|\x1b[@-_]")
+ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
 INVISIBLE = re.compile("[\x00\u200b-\u200f\u2060\ufeff]")
 WORD_SPLITTERS = re.compile(r"""['"]|\\(?=\S)""")       # r''m, "rm", \halt
 
@@ -1303,11 +1302,15 @@ def gate_checks(command: str) -> str | None:
 
 def approve_command(command: str, findings: list[Finding],
                     context: ApprovalContext | None = None) -> str:
-    """"once", "session", "always" or "deny" for the dangerous tier: cached approvals first,
+    """"once", "session", "always" or "deny" for the dangerous tier: the two caches first,
     then the smart reviewer (mode smart), then the person. Only session/always are stored."""
     context = context or approval_context()
-    if cached := context.cached_approval(findings):   # said, like YOLO's and the reviewer's
-        show_approval_note(f"[approved without asking: {cached}]")
+    permissions, keys = context.permissions, list(dict.fromkeys(f.key for f in findings))
+    allowlist, session = permissions.allowlist, permissions.approved_in(context.session_id)
+    if all(key in allowlist or key in session for key in keys):     # every finding, said
+        where = [f"{allowlist_holding(permissions, key)}: {key}" if key in allowlist
+                 else f"this session: {key}" for key in keys]
+        show_approval_note(f"[approved without asking: {'; '.join(where)}]")
         return "once"
     if context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -1319,7 +1322,15 @@ def approve_command(command: str, findings: list[Finding],
             return "deny"
         show_approval_note("[the smart reviewer was not sure: asking you]")
     choice, context.last_denial = context.ask(command, findings, APPROVAL_CHOICES)
-    return context.remember(choice, findings)
+    if choice == "always" and (problem := save_to_allowlist(keys)):
+        show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
+                           f"for this session only", style="red")
+        choice = "session"
+    if choice == "always":
+        allowlist.update(keys)                  # every session of this run, from now on
+    if choice == "session":
+        permissions.approve_in(context.session_id, keys)
+    return choice
 
 class Permissions:
     """The approval policy of one running agent, fixed by main() at start-up (nothing
@@ -1352,9 +1363,8 @@ class Permissions:
                 self.session_approved.setdefault(session_id, set()).update(keys)
 
 class ApprovalContext:
-    """Who asks for approval: the policy, the session (its id keys the session approvals;
-    its client and model serve the smart reviewer) and how to reach a human:
-    read_answer(deadline) returns a typed line, or None when nobody can be asked."""
+    """Who asks: the policy, the session (its id keys the session approvals; its client
+    serves the smart reviewer) and read_answer(deadline), or None when nobody can be asked."""
 
     def __init__(self, permissions: Permissions, session=None, read_answer=None):
         self.permissions = permissions
@@ -1380,33 +1390,8 @@ class ApprovalContext:
         """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
         return ask_human(self, command, findings, choices)
 
-    def cached_approval(self, findings: list[Finding]) -> str | None:
-        """Where each finding was approved before ("allowlist.json: KEY; this session:
-        KEY"), or None if one of them was not."""
-        allowlist, session = self.permissions.allowlist, self.permissions.approved_in(
-            self.session_id)
-        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
-                 else f"this session: {key}" if key in session else None
-                 for key in dict.fromkeys(finding.key for finding in findings)]
-        return None if None in where else "; ".join(where)
-
-    def remember(self, choice: str, findings: list[Finding]) -> str:
-        """Store a "session" or "always" answer; returns what was stored in the end (an
-        "always" that cannot be saved becomes "session")."""
-        keys = [finding.key for finding in findings]
-        if choice == "always" and (problem := save_to_allowlist(keys)):
-            show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
-                               f"for this session only", style="red")
-            choice = "session"
-        if choice == "always":
-            self.permissions.allowlist.update(keys)
-        if choice == "session":
-            self.permissions.approve_in(self.session_id, keys)
-        return choice
-
-# The approval context of the code running now: a ContextVar, not a global, because s10
-# runs sub-agents in threads and each sees its own. Code that set none (a script, a new
-# thread) gets the strictest: manual mode, nobody to ask.
+# The approval context of the code running now: a ContextVar, as s10's sub-agent threads
+# each need their own. Code that set none gets the strictest: manual, nobody to ask.
 APPROVAL_CONTEXT: contextvars.ContextVar = contextvars.ContextVar("approval_context",
                                                                   default=None)
 
@@ -1421,10 +1406,6 @@ def terminal_tool(command: str, timeout: int | None = None) -> str:
         return refusal
     checkpoint_before_change(f"before terminal: {command}")
     return run_terminal(command, timeout)
-
-def gate_the_terminal_tool() -> None:
-    """The registry's terminal entry (s02) runs terminal_tool(); run_terminal() stays plain."""
-    REGISTRY.get("terminal").handler = terminal_tool
 
 def gate_refusal(text: str, **details) -> str:
     """A refused command's result: s02's classify_tool_result() shows it as [refused]."""
@@ -1589,8 +1570,7 @@ def allowlist_keys() -> set:
         return set()
 
 def save_to_allowlist(keys: list[str]) -> str | None:
-    """Add `keys` to allowlist.json, all or nothing; the problem instead, when the file is
-    broken (it is never replaced by accident) or cannot be written."""
+    """Add `keys` to allowlist.json, all or nothing; else the problem (a broken file stays)."""
     path = allowlist_path()
     try:
         keys = sorted(read_allowlist(path) | set(keys))
@@ -4987,7 +4967,7 @@ REGISTRY.register(SKILL_VIEW_ENTRY)
 REGISTRY.register(SKILL_MANAGE_ENTRY)
 
 # [s09]
-gate_the_terminal_tool()
+REGISTRY.get("terminal").handler = terminal_tool     # the gate first; run_terminal() stays plain
 
 # [s10]
 DELEGATE_TASK_SCHEMA = function_schema(

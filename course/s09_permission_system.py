@@ -442,8 +442,7 @@ DANGEROUS_PATTERNS = [
 TOO_COMPLEX = "too_complex"    # the key of the finding for input the parser gave up on
 
 #: teaching
-ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
-                             r"|\x1b[@-_]")
+ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
 INVISIBLE = re.compile("[\x00\u200b-\u200f\u2060\ufeff]")
 WORD_SPLITTERS = re.compile(r"""['"]|\\(?=\S)""")       # r''m, "rm", \halt
 
@@ -3286,11 +3285,15 @@ def gate_checks(command: str) -> str | None:
 #: teaching
 def approve_command(command: str, findings: list[Finding],
                     context: ApprovalContext | None = None) -> str:
-    """"once", "session", "always" or "deny" for the dangerous tier: cached approvals first,
+    """"once", "session", "always" or "deny" for the dangerous tier: the two caches first,
     then the smart reviewer (mode smart), then the person. Only session/always are stored."""
     context = context or approval_context()
-    if cached := context.cached_approval(findings):   # said, like YOLO's and the reviewer's
-        show_approval_note(f"[approved without asking: {cached}]")
+    permissions, keys = context.permissions, list(dict.fromkeys(f.key for f in findings))
+    allowlist, session = permissions.allowlist, permissions.approved_in(context.session_id)
+    if all(key in allowlist or key in session for key in keys):     # every finding, said
+        where = [f"{allowlist_holding(permissions, key)}: {key}" if key in allowlist
+                 else f"this session: {key}" for key in keys]
+        show_approval_note(f"[approved without asking: {'; '.join(where)}]")
         return "once"
     if context.uses_smart_review():
         verdict = smart_review(context, command, findings)
@@ -3302,7 +3305,15 @@ def approve_command(command: str, findings: list[Finding],
             return "deny"
         show_approval_note("[the smart reviewer was not sure: asking you]")
     choice, context.last_denial = context.ask(command, findings, APPROVAL_CHOICES)
-    return context.remember(choice, findings)
+    if choice == "always" and (problem := save_to_allowlist(keys)):
+        show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
+                           f"for this session only", style="red")
+        choice = "session"
+    if choice == "always":
+        allowlist.update(keys)                  # every session of this run, from now on
+    if choice == "session":
+        permissions.approve_in(context.session_id, keys)
+    return choice
 
 
 #: hardened
@@ -3335,8 +3346,7 @@ def approve_command(command: str, findings: list[Finding],
 
 #: teaching
 class Permissions:
-    """The approval policy of one running agent, fixed by main() at start-up (nothing
-    read later can loosen it), and what was approved in each session."""
+    """The policy of this run, fixed at start-up, and what each session approved."""
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None):
@@ -3408,9 +3418,8 @@ class Permissions:
 
 #: teaching
 class ApprovalContext:
-    """Who asks for approval: the policy, the session (its id keys the session approvals;
-    its client and model serve the smart reviewer) and how to reach a human:
-    read_answer(deadline) returns a typed line, or None when nobody can be asked."""
+    """Who asks: the policy, the session (its id keys the session approvals; its client
+    serves the smart reviewer) and read_answer(deadline), or None when nobody can be asked."""
 
     def __init__(self, permissions: Permissions, session=None, read_answer=None):
         self.permissions = permissions
@@ -3435,30 +3444,6 @@ class ApprovalContext:
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
         """(choice, why denied): the person at the terminal (s10's sub-agents differ)."""
         return ask_human(self, command, findings, choices)
-
-    def cached_approval(self, findings: list[Finding]) -> str | None:
-        """Where each finding was approved before ("allowlist.json: KEY; this session:
-        KEY"), or None if one of them was not."""
-        allowlist, session = self.permissions.allowlist, self.permissions.approved_in(
-            self.session_id)
-        where = [f"{allowlist_holding(self.permissions, key)}: {key}" if key in allowlist
-                 else f"this session: {key}" if key in session else None
-                 for key in dict.fromkeys(finding.key for finding in findings)]
-        return None if None in where else "; ".join(where)
-
-    def remember(self, choice: str, findings: list[Finding]) -> str:
-        """Store a "session" or "always" answer; returns what was stored in the end (an
-        "always" that cannot be saved becomes "session")."""
-        keys = [finding.key for finding in findings]
-        if choice == "always" and (problem := save_to_allowlist(keys)):
-            show_approval_note(f"error: not saved to the allowlist ({problem}); approved "
-                               f"for this session only", style="red")
-            choice = "session"
-        if choice == "always":
-            self.permissions.allowlist.update(keys)
-        if choice == "session":
-            self.permissions.approve_in(self.session_id, keys)
-        return choice
 
 
 #: hardened
@@ -3528,9 +3513,8 @@ class ApprovalContext:
 APPROVAL_CONTEXT: contextvars.ContextVar = contextvars.ContextVar("approval_context",
                                                                   default=None)
 #: teaching
-# The approval context of the code running now: a ContextVar, not a global, because s10
-# runs sub-agents in threads and each sees its own. Code that set none (a script, a new
-# thread) gets the strictest: manual mode, nobody to ask.
+# The approval context of the code running now: a ContextVar, as s10's sub-agent threads
+# each need their own. Code that set none gets the strictest: manual, nobody to ask.
 APPROVAL_CONTEXT: contextvars.ContextVar = contextvars.ContextVar("approval_context",
                                                                   default=None)
 
@@ -3550,12 +3534,6 @@ def terminal_tool(command: str, timeout: int | None = None) -> str:
     """The terminal tool from this stage on: the gate, then s01's run_terminal(), with
     the outcome check around it (checked_run())."""
     return command_gate(command) or checked_run(command, timeout)
-
-
-#: teaching
-def gate_the_terminal_tool() -> None:
-    """The registry's terminal entry (s02) runs terminal_tool(); run_terminal() stays plain."""
-    REGISTRY.get("terminal").handler = terminal_tool
 
 
 #: hardened
@@ -4005,8 +3983,7 @@ def allowlist_fingerprint(path: Path) -> tuple | None:
 
 #: teaching
 def save_to_allowlist(keys: list[str]) -> str | None:
-    """Add `keys` to allowlist.json, all or nothing; the problem instead, when the file is
-    broken (it is never replaced by accident) or cannot be written."""
+    """Add `keys` to allowlist.json, all or nothing; else the problem (a broken file stays)."""
     path = allowlist_path()
     try:
         keys = sorted(read_allowlist(path) | set(keys))
@@ -4808,7 +4785,10 @@ def offline_review(request: str) -> str:
     return "ESCALATE"
 
 #: wiring
+#: hardened
 gate_the_terminal_tool()
+#: teaching
+REGISTRY.get("terminal").handler = terminal_tool     # the gate first; run_terminal() stays plain
 
 
 #: changes
@@ -5010,10 +4990,9 @@ def run_demo(session: Session) -> int:
                                f"only prints, nobody to answer a prompt (no TTY).", style="dim"))
             with_approvals(Permissions(), restarted_session(session),     # one turn per line
                            lambda demo: [demo_turn(demo, line) for line in DEMO_INPUTS])
-            console.print(Text(f"build still exists: {Path('build').is_dir()}; ~/.ssh/"
-                               f"authorized_keys exists: "
-                               f"{(Path.home() / '.ssh' / 'authorized_keys').exists()}",
-                               style="dim"))
+            keys = Path.home() / ".ssh" / "authorized_keys"
+            console.print(Text(f"build still exists: {Path('build').is_dir()}; "
+                               f"~/.ssh/authorized_keys exists: {keys.exists()}", style="dim"))
         finally:
             os.environ.clear()
             os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
@@ -5104,10 +5083,8 @@ def parse_args(argv=None):
                         metavar="TOKENS", help="the model's context window")
     parser.add_argument("--yolo", action="store_true", help="dangerous commands run unasked")
     parser.add_argument("--approval-mode", choices=APPROVAL_MODES, default="manual")
-    parser.add_argument("--approval-timeout", type=positive_int, default=APPROVAL_TIMEOUT,
-                        metavar="SECONDS", help="no answer in time denies")
-    parser.add_argument("--write-root", type=existing_folder, metavar="DIR",
-                        help="write_file and patch write only inside DIR")
+    parser.add_argument("--approval-timeout", type=positive_int, default=APPROVAL_TIMEOUT)
+    parser.add_argument("--write-root", type=existing_folder, metavar="DIR")
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
     resume.add_argument("--continue", dest="continue_session", action="store_true",
