@@ -823,8 +823,7 @@ HARDLINE_PATTERNS = [
      "delete of /, the home folder or a system folder"),
     (COMMAND_START + r"(?:mkfs(?:\.\w+)?|mke2fs|mkswap|wipefs)\s+.*/dev/",
      "format of a disk (mkfs onto a device)"),
-    (COMMAND_START + r"dd\s+.*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)",
-     "dd onto a device"),
+    (COMMAND_START + r"dd\s+.*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)", "dd onto a device"),
     (r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk)", "write onto a disk device"),
     (r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:", "fork bomb"),
     (COMMAND_START + r"(?:shutdown|reboot|halt|poweroff)" + WORD_END, "shutdown or reboot"),
@@ -858,8 +857,7 @@ DANGEROUS_PATTERNS = [
     (r"\bgit\s+push\s+(\S+\s+)*(--force|-f\b)", "git push --force (remote history is lost)"),
     (r"\bgit\s+clean\s+(\S+\s+)*-[a-z]*f", "git clean -f (untracked files are deleted)"),
     (r"\b(ba|z|da|k)?sh\s+-[a-z]*c\b", "shell command via -c"),
-    (r"\b(python[0-9.]*|node|perl|ruby)\s+-[a-z]*[ce]\b",
-     "inline code run by an interpreter"),
+    (r"\b(python[0-9.]*|node|perl|ruby)\s+-[a-z]*[ce]\b", "inline code run by an interpreter"),
 ]
 
 ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
@@ -1131,9 +1129,7 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
         why = "the user answered deny" if answer.strip() else \
             "no choice was typed (Enter alone denies)"
     except (NoAnswer, KeyboardInterrupt) as exc:
-        # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
-        # why; armed again, a second Ctrl-C cancels the turn as usual.
-        CtrlC.armed = was_armed
+        CtrlC.armed = was_armed             # Ctrl-C denies; the turn goes on (a 2nd cancels it)
         err_console.print()                 # end the "Choice" line: nothing was typed
         choice, why = "deny", str(exc) or "the user pressed Ctrl-C at the prompt"
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
@@ -1258,8 +1254,7 @@ def policy_file_written(command: str) -> Path | None:
 
 def tilde(path: Path) -> str:
     """`path` with the home folder shown as ~, as in the rules below."""
-    home = Path(os.path.realpath(Path.home()))
-    real = Path(os.path.realpath(path))
+    home, real = Path(os.path.realpath(Path.home())), Path(os.path.realpath(path))
     return "~/" + real.relative_to(home).as_posix() if home in real.parents else str(path)
 
 # Where write_file and patch never write: keys, credentials, and the shell's start-up
@@ -3205,9 +3200,8 @@ def start_command(command: str) -> subprocess.Popen:
     """A new session makes the command the leader of its own process group, so a
     timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
-                            env=scrubbed_environment(),     # no secrets for its commands (s09)
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            env=scrubbed_environment(), stdin=subprocess.DEVNULL,   # s09
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
@@ -4472,12 +4466,8 @@ OFFLINE_REVIEW_APPROVE = {"shell command via -c", "inline code run by an interpr
 def offline_review(request: str) -> str:
     command = request.partition("\n<command>\n")[2].rpartition("\n</command>")[0]
     keys = {finding.key for finding in detect_dangerous_command(command)}
-    if keys & OFFLINE_REVIEW_DENY:
-        return "DENY"
-    if keys and keys <= OFFLINE_REVIEW_APPROVE and len(command) <= 80 \
-            and not write_targets(command):
-        return "APPROVE"
-    return "ESCALATE"
+    harmless = keys <= OFFLINE_REVIEW_APPROVE and len(command) <= 80 and not write_targets(command)
+    return "DENY" if keys & OFFLINE_REVIEW_DENY else "APPROVE" if keys and harmless else "ESCALATE"
 
 def delegation_words(data: dict) -> str | None:
     """The offline model's words about a delegate_task result; None for other tools."""

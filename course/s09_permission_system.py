@@ -244,8 +244,7 @@ HARDLINE_PATTERNS = [
      "delete of /, the home folder or a system folder"),
     (COMMAND_START + r"(?:mkfs(?:\.\w+)?|mke2fs|mkswap|wipefs)\s+.*/dev/",
      "format of a disk (mkfs onto a device)"),
-    (COMMAND_START + r"dd\s+.*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)",
-     "dd onto a device"),
+    (COMMAND_START + r"dd\s+.*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)", "dd onto a device"),
     (r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk)", "write onto a disk device"),
     (r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:", "fork bomb"),
     (COMMAND_START + r"(?:shutdown|reboot|halt|poweroff)" + WORD_END, "shutdown or reboot"),
@@ -280,8 +279,7 @@ DANGEROUS_PATTERNS = [
     (r"\bgit\s+push\s+(\S+\s+)*(--force|-f\b)", "git push --force (remote history is lost)"),
     (r"\bgit\s+clean\s+(\S+\s+)*-[a-z]*f", "git clean -f (untracked files are deleted)"),
     (r"\b(ba|z|da|k)?sh\s+-[a-z]*c\b", "shell command via -c"),
-    (r"\b(python[0-9.]*|node|perl|ruby)\s+-[a-z]*[ce]\b",
-     "inline code run by an interpreter"),
+    (r"\b(python[0-9.]*|node|perl|ruby)\s+-[a-z]*[ce]\b", "inline code run by an interpreter"),
 ]
 
 #: hardened
@@ -3619,9 +3617,7 @@ def ask_human(context: ApprovalContext, command: str, findings: list[Finding],
         why = "the user answered deny" if answer.strip() else \
             "no choice was typed (Enter alone denies)"
     except (NoAnswer, KeyboardInterrupt) as exc:
-        # Ctrl-C answers this prompt (deny) and the turn goes on, so the model hears
-        # why; armed again, a second Ctrl-C cancels the turn as usual.
-        CtrlC.armed = was_armed
+        CtrlC.armed = was_armed             # Ctrl-C denies; the turn goes on (a 2nd cancels it)
         err_console.print()                 # end the "Choice" line: nothing was typed
         choice, why = "deny", str(exc) or "the user pressed Ctrl-C at the prompt"
     show_approval_note(f"denied: {why}" if choice == "deny" else f"approved: {choice}",
@@ -4198,10 +4194,17 @@ def expand_known_variables(target: str) -> str | None:
     return None if "$" in text or "`" in text or text.startswith("~") else text
 
 
+#: hardened
 def tilde(path: Path) -> str:
     """`path` with the home folder shown as ~, as in the rules below."""
     home = Path(os.path.realpath(Path.home()))
     real = Path(os.path.realpath(path))
+    return "~/" + real.relative_to(home).as_posix() if home in real.parents else str(path)
+
+#: teaching
+def tilde(path: Path) -> str:
+    """`path` with the home folder shown as ~, as in the rules below."""
+    home, real = Path(os.path.realpath(Path.home())), Path(os.path.realpath(path))
     return "~/" + real.relative_to(home).as_posix() if home in real.parents else str(path)
 
 
@@ -4766,6 +4769,7 @@ OFFLINE_REVIEW_DENY = {"rm_recursive", "rm_recursive_force", "curl_pipe_shell",
 OFFLINE_REVIEW_APPROVE = {"shell_c", "inline_code"}
 
 
+#: hardened
 def offline_review(request: str) -> str:
     command = request.partition("\n<command>\n")[2].rpartition("\n</command>")[0]
     keys = {finding.key for finding in detect_dangerous_command(command)}
@@ -4775,6 +4779,13 @@ def offline_review(request: str) -> str:
             and not write_targets(command):
         return "APPROVE"
     return "ESCALATE"
+
+#: teaching
+def offline_review(request: str) -> str:
+    command = request.partition("\n<command>\n")[2].rpartition("\n</command>")[0]
+    keys = {finding.key for finding in detect_dangerous_command(command)}
+    harmless = keys <= OFFLINE_REVIEW_APPROVE and len(command) <= 80 and not write_targets(command)
+    return "DENY" if keys & OFFLINE_REVIEW_DENY else "APPROVE" if keys and harmless else "ESCALATE"
 
 #: wiring
 #: hardened
@@ -4796,9 +4807,8 @@ def start_command(command: str) -> subprocess.Popen:
     """A new session makes the command the leader of its own process group, so a
     timeout or Ctrl-C can kill the grandchildren too, not just the shell."""
     return subprocess.Popen(command, shell=True, start_new_session=True,
-                            env=scrubbed_environment(),     # no secrets for its commands (s09)
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            env=scrubbed_environment(), stdin=subprocess.DEVNULL,   # s09
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 #: hardened
