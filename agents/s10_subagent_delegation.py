@@ -493,9 +493,8 @@ INVISIBLE = re.compile("[\x00\u200b-\u200f\u2060\ufeff]")
 WORD_SPLITTERS = re.compile(r"""['"]|\\(?=\S)""")       # r''m, "rm", \halt
 
 def normalize_command(command: str) -> str:
-    """The text the patterns read: terminal escape sequences and invisible characters
-    removed, Unicode NFKC (full-width ｒｍ becomes rm), line continuations joined,
-    quotes and word-splitting backslashes removed (r''m, \\halt), $IFS a space."""
+    """The text the patterns read: escape sequences and invisible characters out, NFKC
+    (ｒｍ → rm), line continuations joined, quotes and backslashes out (r''m, \\halt)."""
     text = ESCAPE_SEQUENCE.sub("", command)
     text = INVISIBLE.sub("", text)
     text = unicodedata.normalize("NFKC", text).replace("\\\n", "")
@@ -526,8 +525,7 @@ REDIRECT = re.compile(r"[0-9&]?>>?\|?\s*([^\s;&|<>]+)")      # > f, 2>> f, &> f;
 INPUT_REDIRECT = re.compile(r"[0-9]?<{1,3}\s*[^\s;&|<>]+")     # < f, << EOF, <<< word: read
 
 def write_targets(command: str) -> list[str]:
-    """The paths a command may write, as written: redirect targets, the operands of the
-    PATH_WRITERS, dd's of=, sed -i's files; ["*"] when a part cannot be split into words."""
+    """Paths the command may write: redirects, PATH_WRITERS' operands, dd of=, sed -i; or ["*"]."""
     text = normalize_command(command)
     targets = REDIRECT.findall(text)
     for part in SHELL_SEPARATORS.split(INPUT_REDIRECT.sub(" ", REDIRECT.sub(" ", text))):

@@ -19,9 +19,8 @@ What this stage adds
                                                   d, Enter, timeout, EOF, no TTY ─▶ denied
 
 Reading guide
-    "[s09] Dangerous commands" is the lesson; "[s09] Permission system" the gate;
-    "[s09] Approval details" the prompt, the smart reviewer, the allowlist, self- and
-    write protection. A shell parser in place of the regexes: agents/hardened/.
+    "[s09] Dangerous commands" is the lesson, "[s09] Permission system" the gate, "[s09]
+    Approval details" the prompt, reviewer, allowlist and write protection.
     {changed elsewhere}
 Run
     python agents/s09_permission_system.py --demo   # the walk-through
@@ -447,9 +446,8 @@ WORD_SPLITTERS = re.compile(r"""['"]|\\(?=\S)""")       # r''m, "rm", \halt
 
 #: teaching
 def normalize_command(command: str) -> str:
-    """The text the patterns read: terminal escape sequences and invisible characters
-    removed, Unicode NFKC (full-width ｒｍ becomes rm), line continuations joined,
-    quotes and word-splitting backslashes removed (r''m, \\halt), $IFS a space."""
+    """The text the patterns read: escape sequences and invisible characters out, NFKC
+    (ｒｍ → rm), line continuations joined, quotes and backslashes out (r''m, \\halt)."""
     text = ESCAPE_SEQUENCE.sub("", command)
     text = INVISIBLE.sub("", text)
     text = unicodedata.normalize("NFKC", text).replace("\\\n", "")
@@ -524,8 +522,7 @@ INPUT_REDIRECT = re.compile(r"[0-9]?<{1,3}\s*[^\s;&|<>]+")     # < f, << EOF, <<
 
 #: teaching
 def write_targets(command: str) -> list[str]:
-    """The paths a command may write, as written: redirect targets, the operands of the
-    PATH_WRITERS, dd's of=, sed -i's files; ["*"] when a part cannot be split into words."""
+    """Paths the command may write: redirects, PATH_WRITERS' operands, dd of=, sed -i; or ["*"]."""
     text = normalize_command(command)
     targets = REDIRECT.findall(text)
     for part in SHELL_SEPARATORS.split(INPUT_REDIRECT.sub(" ", REDIRECT.sub(" ", text))):
