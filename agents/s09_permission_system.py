@@ -404,8 +404,7 @@ def terminal_reader():
     return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() else no_terminal
 
 def no_terminal(deadline: float) -> str:
-    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
-    raise NoAnswer(NO_TERMINAL)
+    raise NoAnswer(NO_TERMINAL)     # the reader when nobody can answer: a pipe, CI, the demo
 
 def read_terminal_answer(deadline: float) -> str:
     """One line typed at the terminal before `deadline`; no terminal: NoAnswer at once."""
@@ -428,8 +427,7 @@ def read_line_before(fd: int, deadline: float) -> str:
     return data.decode("utf-8", "replace").splitlines()[0] if data.strip() else ""
 
 def smart_review(context: ApprovalContext, command: str, findings: list[Finding]) -> str:
-    """One model call (no tools, outside the turn's budget): "APPROVE", "DENY" or
-    "ESCALATE". Any other answer, and any error (no session, say), is ESCALATE."""
+    """One model call, no tools: "APPROVE", "DENY", or "ESCALATE" for anything else or an error."""
     body = command.replace("</command>", "<\\/command>")    # the data cannot close the tag
     flagged = f"Flagged: {described(findings)}.\n<command>\n{body}\n</command>"
     try:

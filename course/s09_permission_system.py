@@ -3733,9 +3733,14 @@ def terminal_reader():
     return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() else no_terminal
 
 
+#: hardened
 def no_terminal(deadline: float) -> str:
     """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
     raise NoAnswer(NO_TERMINAL)
+
+#: teaching
+def no_terminal(deadline: float) -> str:
+    raise NoAnswer(NO_TERMINAL)     # the reader when nobody can answer: a pipe, CI, the demo
 
 
 #: teaching
@@ -3834,8 +3839,7 @@ def smart_review(context: ApprovalContext, command: str, findings: list[Finding]
 
 #: teaching
 def smart_review(context: ApprovalContext, command: str, findings: list[Finding]) -> str:
-    """One model call (no tools, outside the turn's budget): "APPROVE", "DENY" or
-    "ESCALATE". Any other answer, and any error (no session, say), is ESCALATE."""
+    """One model call, no tools: "APPROVE", "DENY", or "ESCALATE" for anything else or an error."""
     body = command.replace("</command>", "<\\/command>")    # the data cannot close the tag
     flagged = f"Flagged: {described(findings)}.\n<command>\n{body}\n</command>"
     try:
