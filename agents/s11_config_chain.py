@@ -807,6 +807,7 @@ class Finding(NamedTuple):
     key: str                   # stable id: session approvals and allowlist.json store it
     description: str           # one human line
     tier: str                  # "hardline": never runs; "dangerous": runs once approved
+    needs_human: bool = False  # only a person may approve it (the hardened edition)
 
 # Where a command starts: the start of the text or a line, after ; & | ( ` or $( , after
 # wrappers (sudo, env NAME=…, exec, nohup), maybe with a path (/bin/rm). Anchored there,

@@ -144,6 +144,7 @@ class Finding(NamedTuple):
     key: str                   # stable id: session approvals and allowlist.json store it
     description: str           # one human line
     tier: str                  # "hardline": never runs; "dangerous": runs once approved
+    needs_human: bool = False  # only a person may approve it (the hardened edition)
 
 #: hardened
 
