@@ -1314,17 +1314,14 @@ SKILLS_GUIDANCE = ("Skills are procedures saved for later. Only their names and 
                    "save a procedure that worked, so that later sessions can reuse it.")
 
 class SkillError(Exception):
-    """A skill that cannot be used, or a change that was not made. The message names
-    the file and the problem; nothing was written."""
+    """A skill that cannot be used, or a change that was not made (nothing was written)."""
 
 class SkillRefused(SkillError):
     """A change that the threat scan refused."""
 
 def skills_index_section(home: Path) -> str:
-    """The system prompt's part about skills: names and one-line descriptions, never
-    the bodies ("" when there are no skills). A body is loaded with skill_view when a
-    task needs it, so a hundred skills cost the prompt a hundred lines, not a hundred
-    files, and the prompt stays the same until a new session starts."""
+    """The system prompt's part about skills ("" without any): names and one-line
+    descriptions, never bodies, so a hundred skills cost a hundred lines."""
     skills, bad, more = list_skills(skills_root(home))
     if not skills and not bad:
         return ""
@@ -1341,8 +1338,7 @@ def skills_list() -> str:
     return json.dumps({"skills": [{"name": name, "description": shown_description(description)}
                                   for name, description in skills],
                        "bad_skills": [{"name": name, "error": error} for name, error in bad],
-                       "not_listed": more,
-                       "hint": "skill_view(name) loads a skill's instructions"},
+                       "not_listed": more, "hint": "skill_view(name) loads a skill's instructions"},
                       ensure_ascii=False)
 
 def skill_view(name: str) -> str:
@@ -1353,7 +1349,7 @@ def skill_view(name: str) -> str:
         return error_result(str(exc))
     # Writes through skill_manage were scanned; a skill copied in by hand was not: it
     # gets the same strict scan here.
-    findings = skill_threats(text, front)
+    findings = find_memory_threats(text)
     if findings:
         return refusal(f"skills/{name}/SKILL.md contains potential prompt injection "
                        f"({', '.join(findings)}); not loaded")
@@ -1408,16 +1404,12 @@ def check_skill_text(text: str, name: str) -> None:
     if size > MAX_SKILL_FILE_BYTES:
         raise SkillError(f"skills/{name}/{SKILL_FILE} would be {size:,} bytes; the limit is "
                          f"{MAX_SKILL_FILE_BYTES:,}")
-    front = parse_skill(text, name)
-    findings = skill_threats(text, front)
+    parse_skill(text, name)
+    findings = find_memory_threats(text)
     if findings:
         raise SkillRefused(f"refused: the new skills/{name}/{SKILL_FILE} contains potential "
                            f"prompt injection or exfiltration ({', '.join(findings)}); "
                            f"nothing was written")
-
-def skill_threats(text: str, front: dict) -> list[str]:
-    """The strict scan (s07) of a SKILL.md: the one memory writes get."""
-    return find_memory_threats(text)
 
 def create_skill(name: str, content: str) -> str:
     path = skill_file(name)
@@ -1459,7 +1451,6 @@ def delete_skill(name: str) -> str:
 FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)^---[ \t]*\r?$", re.DOTALL | re.MULTILINE)
 
 def skills_root(home: Path | None = None) -> Path:
-    """$LEARN_HERMES_HOME/skills."""
     return (home or hermes_home()) / SKILLS_DIR_NAME
 
 def refusal(message: str) -> str:
@@ -1477,15 +1468,13 @@ def read_skill_text(path: Path, name: str) -> str:
         with open(path, "rb") as file:
             data = file.read(MAX_SKILL_FILE_BYTES + 1)
     except OSError as exc:
-        raise SkillError(f"{label}: cannot be read ({exc.strerror or type(exc).__name__})") \
-            from None
+        raise SkillError(f"{label}: cannot be read ({exc.strerror or exc})") from None
     if len(data) > MAX_SKILL_FILE_BYTES:
         raise SkillError(f"{label}: larger than {MAX_SKILL_FILE_BYTES:,} bytes")
     return data.decode("utf-8", "replace").removeprefix("\ufeff")
 
 def parse_skill(text: str, name: str) -> dict:
-    """The checked front matter of skill `name`'s SKILL.md text. Raises SkillError
-    naming the file and the problem."""
+    """The checked front matter of a SKILL.md text; SkillError names the file and problem."""
     label = f"skills/{name}/{SKILL_FILE}"
     found = FRONT_MATTER.match(text)
     if found is None:
@@ -1496,8 +1485,7 @@ def parse_skill(text: str, name: str) -> dict:
     except (yaml.YAMLError, RecursionError) as exc:
         raise SkillError(f"{label}: the front matter is not valid YAML "
                          f"({first_line(exc, 120)})") from None
-    problem = front_matter_problem(front, name)
-    if problem:
+    if problem := front_matter_problem(front, name):
         raise SkillError(f"{label}: {problem}")
     return front
 
@@ -1519,8 +1507,7 @@ def front_matter_problem(front, name: str) -> str | None:
 
 def load_skill(name: str, root: Path | None = None) -> tuple[dict, str]:
     """(front matter, whole text) of a usable skill. Raises SkillError otherwise."""
-    path = skill_file(name, root)
-    text = read_skill_text(path, name)
+    text = read_skill_text(skill_file(name, root), name)
     return parse_skill(text, name), text
 
 def list_skills(root: Path) -> tuple[list, list, int]:
@@ -1541,9 +1528,8 @@ def list_skills(root: Path) -> tuple[list, list, int]:
     return skills, bad, len(folders) - len(skills) - len(bad)
 
 def shown_description(description: str) -> str:
-    """A description as the index shows it: one line, capped, and scanned as shown,
-    because the index is part of the system prompt, where a poisoned description
-    would be an order."""
+    """A description as the index shows it: one line, capped, and scanned as shown (the
+    index is part of the system prompt, where a poisoned description would be an order)."""
     line = " ".join(description.split())
     if len(line) > INDEX_DESCRIPTION_CHARS:
         line = line[:INDEX_DESCRIPTION_CHARS - 1] + "…"
@@ -1559,14 +1545,9 @@ def supporting_files(folder: Path) -> tuple[list[str], bool]:
     found = []
     for current, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for file in sorted(files):
-            relative = (Path(current) / file).relative_to(folder).as_posix()
-            if relative == SKILL_FILE:
-                continue
-            if len(found) == MAX_SUPPORTING_FILES:
-                return found, True
-            found.append(relative)
-    return found, False
+        found += [(Path(current) / file).relative_to(folder).as_posix() for file in sorted(files)]
+    found = [relative for relative in found if relative != SKILL_FILE]
+    return found[:MAX_SUPPORTING_FILES], len(found) > MAX_SUPPORTING_FILES
 
 # ── [s07] Memory ────────────────────────────────────────────────────────────
 
@@ -1587,8 +1568,7 @@ def memory_tool(action: str, target: str, content: str | None = None,
                 old_text: str | None = None) -> str:
     """The `memory` tool: add, replace or remove one entry of MEMORY.md or USER.md.
     What is written is scanned first: it goes into every future system prompt."""
-    problem = memory_call_problem(action, target, content, old_text)
-    if problem:
+    if problem := memory_call_problem(action, target, content, old_text):
         return error_result(problem)
     content, old_text = (content or "").strip(), (old_text or "").strip()
     findings = find_memory_threats(content) if action != "remove" else []
@@ -1598,14 +1578,8 @@ def memory_tool(action: str, target: str, content: str | None = None,
                                     f"system prompt, so it holds facts and preferences, never "
                                     f"instructions, secrets or places to send data to.",
                            "refused": True, "findings": findings}, ensure_ascii=False)
-    store = MemoryStore(hermes_home())
     try:
-        if action == "add":
-            entries = store.add(target, content)
-        elif action == "replace":
-            entries = store.replace(target, old_text, content)
-        else:
-            entries = store.remove(target, old_text)
+        entries = MemoryStore(hermes_home()).edit(action, target, content, old_text)
     except (MemoryFileError, MemoryWriteError) as exc:
         return memory_error(exc, target)
     return json.dumps({"success": True, "action": action, "target": target,
@@ -1633,21 +1607,16 @@ class MemoryStore:
     def entries(self, target: str) -> list[str]:
         return read_entries(self.path(target))
 
-    def add(self, target: str, content: str) -> list[str]:
+    def edit(self, action: str, target: str, content: str, old_text: str) -> list[str]:
+        """add `content`, or replace or remove the one entry that contains `old_text`."""
         entries = self.entries(target)
-        if content in entries:
-            return entries                  # saved before: a second copy only takes room
-        return self.save(target, entries, entries + [content])
-
-    def replace(self, target: str, old_text: str, content: str) -> list[str]:
-        entries = self.entries(target)
+        if action == "add":
+            if content in entries:
+                return entries              # saved before: a second copy only takes room
+            return self.save(target, entries, entries + [content])
         index = entry_index(entries, old_text, MEMORY_FILES[target])
-        return self.save(target, entries, entries[:index] + [content] + entries[index + 1:])
-
-    def remove(self, target: str, old_text: str) -> list[str]:
-        entries = self.entries(target)
-        index = entry_index(entries, old_text, MEMORY_FILES[target])
-        return self.save(target, entries, entries[:index] + entries[index + 1:])
+        new = [content] if action == "replace" else []
+        return self.save(target, entries, entries[:index] + new + entries[index + 1:])
 
     def save(self, target: str, before: list[str], after: list[str]) -> list[str]:
         """Write `after` in place of `before`, all or nothing. A file may not grow past
@@ -1671,11 +1640,8 @@ def memory_snapshot_section(home: Path) -> str | None:
     """The memory part of the system prompt, or None while both files are empty. It
     is read when the prompt is built, and Session.switch_to() builds that once per
     session: later writes reach the disk, not this session's messages[0]."""
-    blocks = [memory_block(home, target) for target in MEMORY_FILES]
-    blocks = [block for block in blocks if block is not None]
-    if not blocks:
-        return None
-    return "\n\n".join(["## Memory\n" + MEMORY_NOTE, *blocks])
+    blocks = [block for target in MEMORY_FILES if (block := memory_block(home, target))]
+    return "\n\n".join(["## Memory\n" + MEMORY_NOTE, *blocks]) if blocks else None
 
 # ── [s07] Memory details ────────────────────────────────────────────────────
 
@@ -1685,12 +1651,10 @@ MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 _DELIMITER_LINE = re.compile(r"^[^\S\n]*§[^\S\n]*$", re.MULTILINE)
 
 class MemoryFileError(Exception):
-    """A memory file this tool cannot have written: not UTF-8, a folder, a link, ...
-    It is reported and never overwritten: it may hold the only copy of someone's notes."""
+    """A memory file this tool cannot have written (not UTF-8, a link …): never overwritten."""
 
 class MemoryWriteError(Exception):
-    """A write the store refuses. `entries` go back to the model with the error, so it
-    can choose what to merge or remove."""
+    """A write the store refuses; `entries` go back to the model, to choose what to merge."""
 
     def __init__(self, message: str, entries: list[str] | None = None):
         super().__init__(message)
@@ -1739,8 +1703,7 @@ def memory_error(exc: Exception, target: str) -> str:
     return json.dumps(result, ensure_ascii=False)
 
 def read_entries(path: Path) -> list[str]:
-    """The entries of one memory file, [] if it does not exist yet. Blank entries are
-    dropped and a repeated one is kept once: both only take room."""
+    """The entries of one memory file ([] if none yet); blanks and repeats only take room."""
     text = read_memory_file(path)
     if text is None:
         return []
@@ -1748,9 +1711,8 @@ def read_entries(path: Path) -> list[str]:
     return list(dict.fromkeys(entry for entry in entries if entry))
 
 def read_memory_file(path: Path) -> str | None:
-    """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written: it is reported and never overwritten. A link is refused, as
-    s04 refuses linked context files: the atomic write would follow it."""
+    """The file's text, or None if there is none; MemoryFileError for one this tool
+    cannot have written. A link too: the atomic write would follow it (as in s04)."""
     if path.is_symlink():
         raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
@@ -1760,8 +1722,7 @@ def read_memory_file(path: Path) -> str | None:
     except UnicodeDecodeError as exc:
         raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
     except OSError as exc:
-        raise MemoryFileError(f"{path.name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+        raise MemoryFileError(f"{path.name} could not be read: {exc.strerror or exc}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 def memory_block(home: Path, target: str) -> str | None:
@@ -1788,9 +1749,8 @@ def shown_entries(entries: list[str], name: str) -> list[str]:
     return shown
 
 def strict_threat_patterns() -> list[tuple]:
-    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS: each reads text that
-    fold_text() has put in lower case. A verb and what it acts on must stand in one
-    sentence (`clause` lies between them). Built once, under the wiring."""
+    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS, read in fold_text()'s lower
+    case. A verb and what it acts on stand in one sentence: `clause` lies between them."""
     clause = r"(?:[^.;!?\n]|[.;!?](?=\S))*"             # a dot inside ".env" goes on
     sends = r"\b(?:send|sent|post|upload|transmit|forward|exfiltrat|leak)\w*"
     shares = r"\b(?:includ|output|print|shar|send|repeat|dump)\w*"
@@ -2333,15 +2293,13 @@ def build_system_prompt(cwd: Path | None, home: Path) -> str:
     """Identity, tool guidance, memory, context files, environment: always in this order.
     `cwd` is None when the working directory was deleted: there are no project files."""
     parts = [load_identity(home), "## Using tools\n" + TOOL_GUIDANCE]
-    memory = memory_snapshot_section(home)          # [s07] a snapshot: this runs once
-    if memory is not None:
+    if memory := memory_snapshot_section(home):     # [s07] a snapshot: this runs once
         parts.append(memory)
     for name in (CONTEXT_FILE_NAMES if cwd is not None else ()):
         content = load_context_file(cwd / name)
         if content is not None:
             parts.append(f"## Project instructions from {name}\n{content.rstrip()}")
-    skills = skills_index_section(home)                 # "" when there are no skills
-    if skills:
+    if skills := skills_index_section(home):            # "" when there are no skills
         parts.append(skills)
     parts.append("## Environment\n" + environment_section(cwd))
     return "\n\n".join(parts)
@@ -3790,8 +3748,7 @@ DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backo
 
 
 def show_memory(session: Session, argument: str) -> None:
-    """/memory: both memory files as they are on disk now (this session's prompt may be
-    older), their entries and how full they are."""
+    """/memory: both memory files as they are on disk now (this session's prompt may be older)."""
     store = MemoryStore(hermes_home())
     for target, name in MEMORY_FILES.items():
         try:
@@ -3807,35 +3764,10 @@ def show_memory(session: Session, argument: str) -> None:
 
 COMMANDS["/memory"] = show_memory
 
-def new_demo_session(template: Session) -> Session:
-    """A new session like `template`: its system prompt reads the memory files now."""
-    return Session(template.client, template.model, template.base_url,
-                   template.max_iterations, template.tools, None)
-
 def demo_turn(session: Session, line: str) -> bool:
     shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line):,} characters)"
     console.print(Text(f"\n{STAGE}> {shown}", style="bold"))
     return run_turn(session, line)
-
-def demo_memory(template: Session) -> bool:
-    """The demo's story: save, look at the prompts, then two refusals."""
-    first = new_demo_session(template)
-    before = first.messages[0]["content"]
-    if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
-        return False
-    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
-                       f"{first.messages[0]['content'] == before}", style="bold"))
-    section = memory_snapshot_section(hermes_home())
-    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
-                       style="bold"))
-    console.print(Text(section, style="dim"))
-    console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
-                       style="bold"))
-    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
-        return False
-    console.print(Text(f"the memory files are unchanged: "
-                       f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
-    return True
 
 # ── [s08] Skill commands ────────────────────────────────────────────────────
 
@@ -3867,11 +3799,6 @@ def restarted_session(template: Session) -> Session:
     """A new session, as after a restart: its system prompt is built now."""
     return Session(template.client, template.model, template.base_url,
                    template.max_iterations, template.tools, None)
-
-def skills_part(prompt: str) -> str:
-    """The "## Skills" part of a system prompt, or a note that it has none."""
-    _, found, rest = prompt.partition("\n## Skills\n")
-    return "## Skills\n" + rest.partition("\n\n## ")[0] if found else "(no skills part)"
 
 # ── [s09] Permission commands ───────────────────────────────────────────────
 
@@ -4448,8 +4375,7 @@ def skill_summary(data: dict) -> str | None:
     if "supporting_files" in data:
         found = FRONT_MATTER.match(data["content"])
         steps = [line for line in data["content"][found.end():].splitlines() if line.strip()]
-        lines = [f"I loaded the skill '{data['name']}' and will follow it:"] + steps[:6]
-        return "\n".join(lines)
+        return "\n".join([f"I loaded the skill '{data['name']}' and will follow it:"] + steps[:6])
     if data.get("success") is True and "message" in data:
         return data["message"]
     return None

@@ -4,13 +4,10 @@
 """s07 · Memory — notes that outlive the session, frozen into the next prompt.
 
 What this stage adds
-    The agent keeps two small files under $LEARN_HERMES_HOME/memories/: MEMORY.md, its
-    own notes, and USER.md, what it knows about the user. A line holding only "§"
-    separates two entries; each file has a character limit (2,200 and 1,375). The
-    `memory` tool adds, replaces and removes entries; a write that would overfill a
-    file is refused with a request to consolidate, and every write is atomic. Each
-    write is scanned first: s04's scanner plus strict rules. The prompt holds a
-    snapshot taken when the session starts: only the next session sees a write.
+    Two files under $LEARN_HERMES_HOME/memories/: MEMORY.md (the agent's notes) and USER.md
+    (about the user), entries split by a line holding only "§", each with a character
+    limit. The `memory` tool adds, replaces and removes entries, scans them first, writes
+    atomically; the prompt holds a snapshot taken when the session starts.
 
     model ── memory(action, target, content, old_text) ──▶ memory_tool()
                   │  find_memory_threats(): s04's rules + STRICT_THREAT_PATTERNS ──▶ refused
@@ -22,11 +19,8 @@ What this stage adds
                          ──▶ messages[0]: the snapshot, unchanged for the whole session
 
 Reading guide
-    Start right below the imports: "[s07] Memory" is this stage's lesson: memory_tool()
-    is the tool, find_memory_threats() the scan, MemoryStore the files,
-    memory_snapshot_section() the prompt's part; "[s07] Memory details" holds their
-    helpers. Earlier stages follow, newest first, then the plumbing (/memory is under
-    "[s07] Memory commands"); the wiring registers the tool.
+    "[s07] Memory" is the lesson, "[s07] Memory details" holds its helpers; /memory is in
+    the plumbing, and the wiring registers the tool.
     {changed elsewhere}
 Run
     python agents/s07_memory.py                 # REPL (offline model without a key)
@@ -100,6 +94,7 @@ import openai
 from rich.console import Console
 from rich.text import Text
 from typing import Callable, NamedTuple
+from unittest import mock
 
 #: section Memory
 
@@ -117,6 +112,31 @@ SAVED_NOTE = ("Saved on disk. This session's system prompt keeps the memory as i
               "the session started; the next session will see the change.")
 
 
+#: teaching
+def memory_tool(action: str, target: str, content: str | None = None,
+                old_text: str | None = None) -> str:
+    """The `memory` tool: add, replace or remove one entry of MEMORY.md or USER.md.
+    What is written is scanned first: it goes into every future system prompt."""
+    if problem := memory_call_problem(action, target, content, old_text):
+        return error_result(problem)
+    content, old_text = (content or "").strip(), (old_text or "").strip()
+    findings = find_memory_threats(content) if action != "remove" else []
+    if findings:
+        return json.dumps({"error": f"refused: this entry matches {', '.join(findings)}. "
+                                    f"Nothing was saved. Memory goes into every future "
+                                    f"system prompt, so it holds facts and preferences, never "
+                                    f"instructions, secrets or places to send data to.",
+                           "refused": True, "findings": findings}, ensure_ascii=False)
+    try:
+        entries = MemoryStore(hermes_home()).edit(action, target, content, old_text)
+    except (MemoryFileError, MemoryWriteError) as exc:
+        return memory_error(exc, target)
+    return json.dumps({"success": True, "action": action, "target": target,
+                       "file": MEMORY_FILES[target], "entries": len(entries),
+                       "usage": usage(entries, target), "note": SAVED_NOTE}, ensure_ascii=False)
+
+
+#: hardened
 def memory_tool(action: str, target: str, content: str | None = None,
                 old_text: str | None = None) -> str:
     """The `memory` tool: add, replace or remove one entry of MEMORY.md or USER.md.
@@ -174,6 +194,51 @@ def find_memory_threats(text: str) -> list[str]:
     return sorted(strict.union(find_injection(text)))
 
 
+#: teaching
+class MemoryStore:
+    """MEMORY.md and USER.md of one home folder. Nothing is cached: every call reads
+    the file again, because another session (or the user's editor) may have changed it."""
+
+    def __init__(self, home: Path):
+        self.folder = home / MEMORY_DIR_NAME
+
+    def path(self, target: str) -> Path:
+        return self.folder / MEMORY_FILES[target]
+
+    def entries(self, target: str) -> list[str]:
+        return read_entries(self.path(target))
+
+    def edit(self, action: str, target: str, content: str, old_text: str) -> list[str]:
+        """add `content`, or replace or remove the one entry that contains `old_text`."""
+        entries = self.entries(target)
+        if action == "add":
+            if content in entries:
+                return entries              # saved before: a second copy only takes room
+            return self.save(target, entries, entries + [content])
+        index = entry_index(entries, old_text, MEMORY_FILES[target])
+        new = [content] if action == "replace" else []
+        return self.save(target, entries, entries[:index] + new + entries[index + 1:])
+
+    def save(self, target: str, before: list[str], after: list[str]) -> list[str]:
+        """Write `after` in place of `before`, all or nothing. A file may not grow past
+        its limit; one that is over it already (edited by hand) may still shrink."""
+        name, limit = MEMORY_FILES[target], char_limit(target)
+        size = len(ENTRY_DELIMITER.join(after))
+        if size > limit and size > len(ENTRY_DELIMITER.join(before)):
+            raise MemoryWriteError(
+                f"{name} would hold {size:,} characters, over its limit of {limit:,}. "
+                f"Nothing was saved. Consolidate first: merge entries that overlap with "
+                f"'replace' and 'remove' stale ones (current_entries lists them), then "
+                f"try again.", before)
+        text = ENTRY_DELIMITER.join(after) + "\n" if after else ""
+        try:
+            write_text_atomically(self.path(target), text)
+        except (OSError, ValueError) as exc:    # the old file is exactly as it was
+            raise MemoryWriteError(f"{name} was not written: {exc}") from None
+        return after
+
+
+#: hardened
 class MemoryStore:
     """MEMORY.md and USER.md of one home folder. Nothing is cached: every call reads
     the file again, because another session (or the user's editor) may have changed it."""
@@ -222,6 +287,15 @@ class MemoryStore:
         return after
 
 
+#: teaching
+def memory_snapshot_section(home: Path) -> str | None:
+    """The memory part of the system prompt, or None while both files are empty. It
+    is read when the prompt is built, and Session.switch_to() builds that once per
+    session: later writes reach the disk, not this session's messages[0]."""
+    blocks = [block for target in MEMORY_FILES if (block := memory_block(home, target))]
+    return "\n\n".join(["## Memory\n" + MEMORY_NOTE, *blocks]) if blocks else None
+
+#: hardened
 def memory_snapshot_section(home: Path) -> str | None:
     """The memory part of the system prompt, or None while both files are empty. It
     is read when the prompt is built, and Session.switch_to() builds that once per
@@ -244,11 +318,27 @@ MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 _DELIMITER_LINE = re.compile(r"^[^\S\n]*§[^\S\n]*$", re.MULTILINE)
 
 
+#: teaching
+class MemoryFileError(Exception):
+    """A memory file this tool cannot have written (not UTF-8, a link …): never overwritten."""
+
+
+#: hardened
 class MemoryFileError(Exception):
     """A memory file this tool cannot have written: not UTF-8, a folder, a link, ...
     It is reported and never overwritten: it may hold the only copy of someone's notes."""
 
 
+#: teaching
+class MemoryWriteError(Exception):
+    """A write the store refuses; `entries` go back to the model, to choose what to merge."""
+
+    def __init__(self, message: str, entries: list[str] | None = None):
+        super().__init__(message)
+        self.entries = entries
+
+
+#: hardened
 class MemoryWriteError(Exception):
     """A write the store refuses. `entries` go back to the model with the error, so it
     can choose what to merge or remove."""
@@ -305,6 +395,16 @@ def memory_error(exc: Exception, target: str) -> str:
     return json.dumps(result, ensure_ascii=False)
 
 
+#: teaching
+def read_entries(path: Path) -> list[str]:
+    """The entries of one memory file ([] if none yet); blanks and repeats only take room."""
+    text = read_memory_file(path)
+    if text is None:
+        return []
+    entries = [entry.strip() for entry in text.split(ENTRY_DELIMITER)]
+    return list(dict.fromkeys(entry for entry in entries if entry))
+
+#: hardened
 def read_entries(path: Path) -> list[str]:
     """The entries of one memory file, [] if it does not exist yet. Blank entries are
     dropped and a repeated one is kept once: both only take room."""
@@ -317,9 +417,8 @@ def read_entries(path: Path) -> list[str]:
 
 #: teaching
 def read_memory_file(path: Path) -> str | None:
-    """The file's text, or None if there is none. MemoryFileError for a file that this
-    tool cannot have written: it is reported and never overwritten. A link is refused, as
-    s04 refuses linked context files: the atomic write would follow it."""
+    """The file's text, or None if there is none; MemoryFileError for one this tool
+    cannot have written. A link too: the atomic write would follow it (as in s04)."""
     if path.is_symlink():
         raise MemoryFileError(f"{path.name} is a symbolic link; memory files must be regular files")
     try:
@@ -329,8 +428,7 @@ def read_memory_file(path: Path) -> str | None:
     except UnicodeDecodeError as exc:
         raise MemoryFileError(f"{path.name} is not valid UTF-8 (byte {exc.start})") from None
     except OSError as exc:
-        raise MemoryFileError(f"{path.name} could not be read: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+        raise MemoryFileError(f"{path.name} could not be read: {exc.strerror or exc}") from None
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
@@ -409,9 +507,8 @@ class _SameClause:
 
 #: teaching
 def strict_threat_patterns() -> list[tuple]:
-    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS: each reads text that
-    fold_text() has put in lower case. A verb and what it acts on must stand in one
-    sentence (`clause` lies between them). Built once, under the wiring."""
+    """The strict rules, (id, rule) as in s04's THREAT_PATTERNS, read in fold_text()'s lower
+    case. A verb and what it acts on stand in one sentence: `clause` lies between them."""
     clause = r"(?:[^.;!?\n]|[.;!?](?=\S))*"             # a dot inside ".env" goes on
     sends = r"\b(?:send|sent|post|upload|transmit|forward|exfiltrat|leak)\w*"
     shares = r"\b(?:includ|output|print|shar|send|repeat|dump)\w*"
@@ -495,8 +592,7 @@ def strict_threat_patterns() -> list[tuple]:
 
 #: teaching
 def show_memory(session: Session, argument: str) -> None:
-    """/memory: both memory files as they are on disk now (this session's prompt may be
-    older), their entries and how full they are."""
+    """/memory: both memory files as they are on disk now (this session's prompt may be older)."""
     store = MemoryStore(hermes_home())
     for target, name in MEMORY_FILES.items():
         try:
@@ -536,6 +632,7 @@ def show_memory(session: Session, argument: str) -> None:
 COMMANDS["/memory"] = show_memory
 
 
+#: hardened
 def new_demo_session(template: Session) -> Session:
     """A new session like `template`: its system prompt reads the memory files now."""
     return Session(template.client, template.model, template.base_url,
@@ -546,28 +643,6 @@ def demo_turn(session: Session, line: str) -> bool:
     shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line):,} characters)"
     console.print(Text(f"\n{STAGE}> {shown}", style="bold"))
     return run_turn(session, line)
-
-
-#: teaching
-def demo_memory(template: Session) -> bool:
-    """The demo's story: save, look at the prompts, then two refusals."""
-    first = new_demo_session(template)
-    before = first.messages[0]["content"]
-    if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
-        return False
-    console.print(Text(f"\nThe facts are on disk at once. The running prompt is unchanged: "
-                       f"{first.messages[0]['content'] == before}", style="bold"))
-    section = memory_snapshot_section(hermes_home())
-    console.print(Text("A new session reads the files when it starts. Its prompt holds:",
-                       style="bold"))
-    console.print(Text(section, style="dim"))
-    console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
-                       style="bold"))
-    if not all(demo_turn(new_demo_session(template), line) for line in DEMO_INPUTS[2:]):
-        return False
-    console.print(Text(f"the memory files are unchanged: "
-                       f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
-    return True
 
 
 #: hardened
@@ -625,6 +700,22 @@ STAGE = "s07"
 STAGE_TITLE = "memory that outlives the session"
 
 
+#: teaching
+def build_system_prompt(cwd: Path | None, home: Path) -> str:
+    """Identity, tool guidance, memory, context files, environment: always in this order.
+    `cwd` is None when the working directory was deleted: there are no project files."""
+    parts = [load_identity(home), "## Using tools\n" + TOOL_GUIDANCE]
+    if memory := memory_snapshot_section(home):     # [s07] a snapshot: this runs once
+        parts.append(memory)
+    for name in (CONTEXT_FILE_NAMES if cwd is not None else ()):
+        content = load_context_file(cwd / name)
+        if content is not None:
+            parts.append(f"## Project instructions from {name}\n{content.rstrip()}")
+    parts.append("## Environment\n" + environment_section(cwd))
+    return "\n\n".join(parts)
+
+
+#: hardened
 def build_system_prompt(cwd: Path | None, home: Path) -> str:
     """Identity, tool guidance, memory, context files, environment: always in this order.
     `cwd` is None when the working directory was deleted: there are no project files."""
@@ -702,17 +793,30 @@ DEMO_INPUTS = ["remember The tests run with: pytest -n 0 -q",
 
 #: teaching
 def run_demo(session: Session) -> int:
+    """Two facts saved, the prompts compared, two writes refused: in a home of its own."""
+    def new_session() -> Session:           # its system prompt reads the memory files now
+        return Session(session.client, session.model, session.base_url,
+                       session.max_iterations, session.tools, None)
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved_home = os.environ.get("LEARN_HERMES_HOME")
-    with tempfile.TemporaryDirectory(prefix="s07-demo-") as folder:
-        os.environ["LEARN_HERMES_HOME"] = folder    # the demo's memory files, not yours
-        try:
-            return 0 if demo_memory(session) else 1
-        finally:
-            if saved_home is None:
-                os.environ.pop("LEARN_HERMES_HOME", None)
-            else:
-                os.environ["LEARN_HERMES_HOME"] = saved_home
+    with tempfile.TemporaryDirectory(prefix="s07-demo-") as folder, \
+            mock.patch.dict(os.environ, LEARN_HERMES_HOME=folder):   # then yours comes back
+        first = new_session()
+        before = first.messages[0]["content"]
+        if not all(demo_turn(first, line) for line in DEMO_INPUTS[:2]):
+            return 1
+        console.print(Text(f"\nThe facts are on disk at once. The running prompt is "
+                           f"unchanged: {first.messages[0]['content'] == before}", style="bold"))
+        section = memory_snapshot_section(hermes_home())
+        console.print(Text("A new session reads the files when it starts. Its prompt holds:",
+                           style="bold"))
+        console.print(Text(section, style="dim"))
+        console.print(Text("\nEvery write is checked first; a refused one stores nothing.",
+                           style="bold"))
+        if not all(demo_turn(new_session(), line) for line in DEMO_INPUTS[2:]):
+            return 1
+        console.print(Text(f"the memory files are unchanged: "
+                           f"{memory_snapshot_section(hermes_home()) == section}", style="bold"))
+    return 0
 
 
 #: hardened

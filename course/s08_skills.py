@@ -4,12 +4,10 @@
 """s08 · Skills — procedures the agent saves, and loads only when it needs them.
 
 What this stage adds
-    A skill is a folder in $LEARN_HERMES_HOME/skills with a SKILL.md: YAML front matter
-    (name, description, optional required_environment_variables), then Markdown
-    instructions. The system prompt lists only each skill's name and description; the
-    model loads a body with skill_view when a task needs it, and saves a procedure that
-    worked with skill_manage (create, patch, delete). Names are checked, links refused,
-    and a new or patched SKILL.md must parse and pass the strict threat scan.
+    A skill is a folder $LEARN_HERMES_HOME/skills/<name> with a SKILL.md: YAML front matter
+    (name, description), then Markdown instructions. The prompt lists only names and
+    descriptions; skill_view loads a body, skill_manage creates, patches and deletes it.
+    Names are checked; a new SKILL.md must parse and pass the strict threat scan.
 
     skills/release-notes/SKILL.md
         ---
@@ -22,11 +20,8 @@ What this stage adds
                                         front matter, find_memory_threats() ─▶ atomic write
 
 Reading guide
-    Start right below the imports: "[s08] Skills" is this stage's lesson: the index
-    (skills_index_section()), the tools (skill_view(), skill_manage()) and the guards
-    (skill_folder(), check_skill_text()); "[s08] Skill details" holds their helpers.
-    Earlier stages follow, newest first, then the plumbing (/skills is under "[s08] Skill
-    commands"); the wiring registers the three tools.
+    "[s08] Skills" is the lesson, "[s08] Skill details" holds its helpers; /skills is in
+    the plumbing, and the wiring registers the three tools.
     {changed elsewhere}
 Run
     python agents/s08_skills.py                 # REPL (offline model without a key)
@@ -102,6 +97,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 from typing import Callable, NamedTuple
+from unittest import mock
 
 #: section Skills
 
@@ -120,15 +116,38 @@ SKILLS_GUIDANCE = ("Skills are procedures saved for later. Only their names and 
                    "save a procedure that worked, so that later sessions can reuse it.")
 
 
+#: teaching
+class SkillError(Exception):
+    """A skill that cannot be used, or a change that was not made (nothing was written)."""
+
+
+#: hardened
 class SkillError(Exception):
     """A skill that cannot be used, or a change that was not made. The message names
     the file and the problem; nothing was written."""
+
 
 
 class SkillRefused(SkillError):
     """A change that the threat scan refused."""
 
 
+#: teaching
+def skills_index_section(home: Path) -> str:
+    """The system prompt's part about skills ("" without any): names and one-line
+    descriptions, never bodies, so a hundred skills cost a hundred lines."""
+    skills, bad, more = list_skills(skills_root(home))
+    if not skills and not bad:
+        return ""
+    lines = [f"- {name}: {shown_description(description)}" for name, description in skills]
+    if bad:
+        lines.append(f"({len(bad)} skill folder(s) could not be read; skills_list says why.)")
+    if more:
+        lines.append(f"({more} more skill(s) not listed here.)")
+    return "## Skills\n" + SKILLS_GUIDANCE + "\n" + "\n".join(lines)
+
+
+#: hardened
 def skills_index_section(home: Path) -> str:
     """The system prompt's part about skills: names and one-line descriptions, never
     the bodies ("" when there are no skills). A body is loaded with skill_view when a
@@ -145,6 +164,19 @@ def skills_index_section(home: Path) -> str:
     return "## Skills\n" + SKILLS_GUIDANCE + "\n" + "\n".join(lines)
 
 
+
+#: teaching
+def skills_list() -> str:
+    """Every skill's name and one-line description; unusable skills named with their problem."""
+    skills, bad, more = list_skills(skills_root())
+    return json.dumps({"skills": [{"name": name, "description": shown_description(description)}
+                                  for name, description in skills],
+                       "bad_skills": [{"name": name, "error": error} for name, error in bad],
+                       "not_listed": more, "hint": "skill_view(name) loads a skill's instructions"},
+                      ensure_ascii=False)
+
+
+#: hardened
 def skills_list() -> str:
     """Every skill's name and one-line description; unusable skills named with their problem."""
     skills, bad, more = list_skills(skills_root())
@@ -154,6 +186,7 @@ def skills_list() -> str:
                        "not_listed": more,
                        "hint": "skill_view(name) loads a skill's instructions"},
                       ensure_ascii=False)
+
 
 
 #: hardened
@@ -187,7 +220,7 @@ def skill_view(name: str) -> str:
         return error_result(str(exc))
     # Writes through skill_manage were scanned; a skill copied in by hand was not: it
     # gets the same strict scan here.
-    findings = skill_threats(text, front)
+    findings = find_memory_threats(text)
     if findings:
         return refusal(f"skills/{name}/SKILL.md contains potential prompt injection "
                        f"({', '.join(findings)}); not loaded")
@@ -228,6 +261,7 @@ def skill_manage(action: str, name: str, content: str | None = None,
                       ensure_ascii=False)
 
 
+
 #: hardened
 def skill_folder(name: str, root: Path | None = None) -> Path:
     """skills/<name> for a valid name, and only if it is really there: a symbolic link
@@ -266,6 +300,23 @@ def skill_folder(name: str, root: Path | None = None) -> Path:
 def skill_file(name: str, root: Path | None = None) -> Path:
     return skill_folder(name, root) / SKILL_FILE
 
+#: teaching
+def check_skill_text(text: str, name: str) -> None:
+    """A new SKILL.md must fit, parse, and pass the strict scan that memory writes get
+    (s07). Raises SkillError or SkillRefused before anything is written."""
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_SKILL_FILE_BYTES:
+        raise SkillError(f"skills/{name}/{SKILL_FILE} would be {size:,} bytes; the limit is "
+                         f"{MAX_SKILL_FILE_BYTES:,}")
+    parse_skill(text, name)
+    findings = find_memory_threats(text)
+    if findings:
+        raise SkillRefused(f"refused: the new skills/{name}/{SKILL_FILE} contains potential "
+                           f"prompt injection or exfiltration ({', '.join(findings)}); "
+                           f"nothing was written")
+
+
+#: hardened
 def check_skill_text(text: str, name: str) -> None:
     """A new SKILL.md must fit, parse, and pass the strict scan that memory writes get
     (s07). Raises SkillError or SkillRefused before anything is written."""
@@ -281,6 +332,7 @@ def check_skill_text(text: str, name: str) -> None:
                            f"nothing was written")
 
 
+
 #: hardened
 def skill_threats(text: str, front: dict) -> list[str]:
     """The strict scan (s07) of a SKILL.md as written, and of its description as the
@@ -290,10 +342,6 @@ def skill_threats(text: str, front: dict) -> list[str]:
             or find_memory_threats(" ".join(front["description"].split())))
 
 
-#: teaching
-def skill_threats(text: str, front: dict) -> list[str]:
-    """The strict scan (s07) of a SKILL.md: the one memory writes get."""
-    return find_memory_threats(text)
 
 def create_skill(name: str, content: str) -> str:
     path = skill_file(name)
@@ -355,7 +403,6 @@ def skills_root(home: Path | None = None) -> Path:
 
 #: teaching
 def skills_root(home: Path | None = None) -> Path:
-    """$LEARN_HERMES_HOME/skills."""
     return (home or hermes_home()) / SKILLS_DIR_NAME
 
 
@@ -364,6 +411,25 @@ def refusal(message: str) -> str:
     return json.dumps({"error": message, "refused": True}, ensure_ascii=False)
 
 
+#: teaching
+def read_skill_text(path: Path, name: str) -> str:
+    """The text of a SKILL.md: a regular file of at most MAX_SKILL_FILE_BYTES."""
+    label = f"skills/{name}/{SKILL_FILE}"
+    if not path.parent.is_dir():
+        raise SkillError(f"there is no skill '{name}'; skills_list names the skills")
+    if not path.is_file():                  # missing, a folder, or a FIFO that would block
+        raise SkillError(f"{label}: missing or not a regular file")
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_SKILL_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SkillError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_SKILL_FILE_BYTES:
+        raise SkillError(f"{label}: larger than {MAX_SKILL_FILE_BYTES:,} bytes")
+    return data.decode("utf-8", "replace").removeprefix("\ufeff")
+
+
+#: hardened
 def read_skill_text(path: Path, name: str) -> str:
     """The text of a SKILL.md: a regular file of at most MAX_SKILL_FILE_BYTES."""
     label = f"skills/{name}/{SKILL_FILE}"
@@ -380,6 +446,7 @@ def read_skill_text(path: Path, name: str) -> str:
     if len(data) > MAX_SKILL_FILE_BYTES:
         raise SkillError(f"{label}: larger than {MAX_SKILL_FILE_BYTES:,} bytes")
     return data.decode("utf-8", "replace").removeprefix("\ufeff")
+
 
 
 
@@ -408,8 +475,7 @@ def parse_skill(text: str, name: str) -> dict:
 
 #: teaching
 def parse_skill(text: str, name: str) -> dict:
-    """The checked front matter of skill `name`'s SKILL.md text. Raises SkillError
-    naming the file and the problem."""
+    """The checked front matter of a SKILL.md text; SkillError names the file and problem."""
     label = f"skills/{name}/{SKILL_FILE}"
     found = FRONT_MATTER.match(text)
     if found is None:
@@ -420,8 +486,7 @@ def parse_skill(text: str, name: str) -> dict:
     except (yaml.YAMLError, RecursionError) as exc:
         raise SkillError(f"{label}: the front matter is not valid YAML "
                          f"({first_line(exc, 120)})") from None
-    problem = front_matter_problem(front, name)
-    if problem:
+    if problem := front_matter_problem(front, name):
         raise SkillError(f"{label}: {problem}")
     return front
 
@@ -475,11 +540,20 @@ def yaml_problem(exc: Exception) -> str:
     return f"{problem}, line {mark.line + 2}" if mark is not None else problem
 
 
+#: teaching
+def load_skill(name: str, root: Path | None = None) -> tuple[dict, str]:
+    """(front matter, whole text) of a usable skill. Raises SkillError otherwise."""
+    text = read_skill_text(skill_file(name, root), name)
+    return parse_skill(text, name), text
+
+
+#: hardened
 def load_skill(name: str, root: Path | None = None) -> tuple[dict, str]:
     """(front matter, whole text) of a usable skill. Raises SkillError otherwise."""
     path = skill_file(name, root)
     text = read_skill_text(path, name)
     return parse_skill(text, name), text
+
 
 
 def list_skills(root: Path) -> tuple[list, list, int]:
@@ -500,6 +574,21 @@ def list_skills(root: Path) -> tuple[list, list, int]:
     return skills, bad, len(folders) - len(skills) - len(bad)
 
 
+#: teaching
+def shown_description(description: str) -> str:
+    """A description as the index shows it: one line, capped, and scanned as shown (the
+    index is part of the system prompt, where a poisoned description would be an order)."""
+    line = " ".join(description.split())
+    if len(line) > INDEX_DESCRIPTION_CHARS:
+        line = line[:INDEX_DESCRIPTION_CHARS - 1] + "…"
+    findings = find_memory_threats(line)        # the strict scan, as a write gets
+    if findings:
+        return (f"[BLOCKED: the description contained potential prompt injection "
+                f"({', '.join(findings)})]")
+    return line
+
+
+#: hardened
 def shown_description(description: str) -> str:
     """A description as the index shows it: one line, capped, and scanned as shown,
     because the index is part of the system prompt, where a poisoned description
@@ -514,6 +603,20 @@ def shown_description(description: str) -> str:
     return line
 
 
+
+#: teaching
+def supporting_files(folder: Path) -> tuple[list[str], bool]:
+    """Paths of the files beside SKILL.md (scripts, references), at most
+    MAX_SUPPORTING_FILES, and whether there are more. Linked folders are not entered."""
+    found = []
+    for current, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [(Path(current) / file).relative_to(folder).as_posix() for file in sorted(files)]
+    found = [relative for relative in found if relative != SKILL_FILE]
+    return found[:MAX_SUPPORTING_FILES], len(found) > MAX_SUPPORTING_FILES
+
+
+#: hardened
 def supporting_files(folder: Path) -> tuple[list[str], bool]:
     """Paths of the files beside SKILL.md (scripts, references), at most
     MAX_SUPPORTING_FILES, and whether there are more. Linked folders are not entered."""
@@ -528,6 +631,7 @@ def supporting_files(folder: Path) -> tuple[list[str], bool]:
                 return found, True
             found.append(relative)
     return found, False
+
 
 #: section Skill commands | plumbing
 
@@ -587,6 +691,7 @@ def restarted_session(template: Session) -> Session:
                    template.max_iterations, template.tools, None)
 
 
+#: hardened
 def skills_part(prompt: str) -> str:
     """The "## Skills" part of a system prompt, or a note that it has none."""
     _, found, rest = prompt.partition("\n## Skills\n")
@@ -625,8 +730,7 @@ def skill_summary(data: dict) -> str | None:
     if "supporting_files" in data:
         found = FRONT_MATTER.match(data["content"])
         steps = [line for line in data["content"][found.end():].splitlines() if line.strip()]
-        lines = [f"I loaded the skill '{data['name']}' and will follow it:"] + steps[:6]
-        return "\n".join(lines)
+        return "\n".join([f"I loaded the skill '{data['name']}' and will follow it:"] + steps[:6])
     if data.get("success") is True and "message" in data:
         return data["message"]
     return None
@@ -659,6 +763,24 @@ STAGE = "s08"
 STAGE_TITLE = "skills, procedures the agent loads only when it needs them"
 
 
+#: teaching
+def build_system_prompt(cwd: Path | None, home: Path) -> str:
+    """Identity, tool guidance, memory, context files, environment: always in this order.
+    `cwd` is None when the working directory was deleted: there are no project files."""
+    parts = [load_identity(home), "## Using tools\n" + TOOL_GUIDANCE]
+    if memory := memory_snapshot_section(home):     # [s07] a snapshot: this runs once
+        parts.append(memory)
+    for name in (CONTEXT_FILE_NAMES if cwd is not None else ()):
+        content = load_context_file(cwd / name)
+        if content is not None:
+            parts.append(f"## Project instructions from {name}\n{content.rstrip()}")
+    if skills := skills_index_section(home):            # "" when there are no skills
+        parts.append(skills)
+    parts.append("## Environment\n" + environment_section(cwd))
+    return "\n\n".join(parts)
+
+
+#: hardened
 def build_system_prompt(cwd: Path | None, home: Path) -> str:
     """Identity, tool guidance, memory, context files, environment: always in this order.
     `cwd` is None when the working directory was deleted: there are no project files."""
@@ -794,27 +916,19 @@ def run_demo(session: Session) -> int:
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved_home = os.environ.get("LEARN_HERMES_HOME")
-    with tempfile.TemporaryDirectory(prefix="s08-demo-") as home:
-        os.environ["LEARN_HERMES_HOME"] = home      # the demo's skills stay out of your home
-        try:
-            console.print(Text("1. The model saves a procedure that worked as a skill.",
-                               style="bold"))
-            create = {"action": "create", "name": "release-notes", "content": DEMO_SKILL}
-            demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create))
-            console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
-                               "body; the model loads the body when a task needs it:",
-                               style="bold"))
-            second = restarted_session(session)
-            console.print(Text(skills_part(second.messages[0]["content"]), style="dim"))
-            poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}
-            for line in DEMO_INPUTS + ["call skill_manage " + json.dumps(poisoned)]:
-                demo_turn(second, line)
-        finally:
-            if saved_home is None:
-                os.environ.pop("LEARN_HERMES_HOME", None)
-            else:
-                os.environ["LEARN_HERMES_HOME"] = saved_home
+    with tempfile.TemporaryDirectory(prefix="s08-demo-") as home, \
+            mock.patch.dict(os.environ, LEARN_HERMES_HOME=home):    # then yours comes back
+        console.print(Text("1. The model saves a procedure that worked as a skill.", style="bold"))
+        create = {"action": "create", "name": "release-notes", "content": DEMO_SKILL}
+        demo_turn(restarted_session(session), "call skill_manage " + json.dumps(create))
+        console.print(Text("\n2. A new session. Its system prompt lists the skill, not its "
+                           "body; the model loads the body when a task needs it:", style="bold"))
+        second = restarted_session(session)
+        prompt = second.messages[0]["content"]
+        console.print(Text(prompt[prompt.find("## Skills"):].split("\n\n## ")[0], style="dim"))
+        poisoned = {"action": "create", "name": "quick-fix", "content": POISONED_SKILL}
+        for line in DEMO_INPUTS + ["call skill_manage " + json.dumps(poisoned)]:
+            demo_turn(second, line)
     return 0
 
 # A tiny deterministic "model" behind a real HTTP server on 127.0.0.1, so the real
