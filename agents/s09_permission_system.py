@@ -57,6 +57,7 @@ import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, NamedTuple
+from unittest import mock
 
 import openai
 import yaml
@@ -2688,8 +2689,9 @@ DEMO_INPUTS = ["$ mkdir -p build/cache && ls -F", "$ rm -rf ./build", "$ rm -rf 
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved_environment, saved_folder = os.environ.copy(), current_directory()
-    with tempfile.TemporaryDirectory(prefix="s09-demo-") as folder:
+    saved_folder = current_directory()
+    with tempfile.TemporaryDirectory(prefix="s09-demo-") as folder, \
+            mock.patch.dict(os.environ):        # HOME, PATH, LEARN_HERMES_HOME come back
         try:
             enter_demo_folder(Path(folder))
             console.print(Text(f"In {folder}: a temporary home and state folder, an rm that "
@@ -2700,8 +2702,6 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"build still exists: {Path('build').is_dir()}; "
                                f"~/.ssh/authorized_keys exists: {keys.exists()}", style="dim"))
         finally:
-            os.environ.clear()
-            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0

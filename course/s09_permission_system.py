@@ -108,6 +108,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 from typing import Callable, NamedTuple
+from unittest import mock
 
 #: section Dangerous commands
 
@@ -4986,8 +4987,9 @@ DEMO_INPUTS = ["$ mkdir -p build/cache && ls -F", "$ rm -rf ./build", "$ rm -rf 
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved_environment, saved_folder = os.environ.copy(), current_directory()
-    with tempfile.TemporaryDirectory(prefix="s09-demo-") as folder:
+    saved_folder = current_directory()
+    with tempfile.TemporaryDirectory(prefix="s09-demo-") as folder, \
+            mock.patch.dict(os.environ):        # HOME, PATH, LEARN_HERMES_HOME come back
         try:
             enter_demo_folder(Path(folder))
             console.print(Text(f"In {folder}: a temporary home and state folder, an rm that "
@@ -4998,8 +5000,6 @@ def run_demo(session: Session) -> int:
             console.print(Text(f"build still exists: {Path('build').is_dir()}; "
                                f"~/.ssh/authorized_keys exists: {keys.exists()}", style="dim"))
         finally:
-            os.environ.clear()
-            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
