@@ -605,7 +605,7 @@ class ChildApprovals:
         self.child = child
 
     def __getattr__(self, name: str):
-        return getattr(self.context, name)      # permissions, session_id, remember(), ...
+        return getattr(self.context, name)      # permissions, session_id, ...
 
     def yolo_source(self) -> None:
         return None

@@ -1473,18 +1473,24 @@ def test_commands_run_without_secrets(stage, work, monkeypatch):
 @pytest.mark.parametrize("stage_name", ["s09_permission_system",
                                         "hardened/s09_permission_system"])  # later: own demo
 def test_the_demo_keeps_the_machine_safe_and_restores_everything(stage_name, work, capsys):
-    """The teaching demo asks nobody, in five steps; the hardened one adds a --yolo part
-    (step 3: the dangerous tier runs, on the stub rm) and has six."""
+    """The teaching demo asks nobody: one turn per line typed, in five parts; the hardened
+    one has six numbered steps (step 3: a --yolo session, the dangerous tier runs on the
+    stub rm)."""
     stage = load_stage(stage_name)
     hardened = stage_name.startswith("hardened/")
     before = (os.environ["HOME"], os.environ["PATH"], os.environ["LEARN_HERMES_HOME"])
     session = started_session(stage, "--demo")
     assert stage.run_demo(session) == 0
     out = capsys.readouterr().out
-    count = 6 if hardened else 5
-    steps = [out.index(f"\n{number}. ") for number in range(1, count + 1)] + [len(out)]
-    assert f"\n{count + 1}. " not in out
-    parts = [out[start:end] for start, end in zip(steps, steps[1:])]
+    if hardened:
+        steps = [out.index(f"\n{number}. ") for number in range(1, 7)] + [len(out)]
+        assert "\n7. " not in out
+        parts = [out[start:end] for start, end in zip(steps, steps[1:])]
+    else:                               # no numbered steps: a part per line typed
+        prompt = f"{stage.STAGE}> "
+        turns = [prompt + turn for turn in out.split(prompt)[1:]]
+        assert len(turns) == 6
+        parts = turns[:2] + [turns[2] + turns[3]] + turns[4:]
     assert "→ terminal {\"command\": \"mkdir -p build/cache && ls -F\"}\n  ← exit 0\n    build/" \
         in parts[0]
     assert "    denied: no terminal to ask on" in parts[1]
