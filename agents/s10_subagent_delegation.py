@@ -2,11 +2,10 @@
 """s10 · Sub-agent delegation — children with their own context, fewer tools, one budget.
 
 What this stage adds
-    delegate_task hands a task to a child agent, or up to 3 tasks to children that run
-    in parallel. A child starts with a fresh message list (a task prompt, then the goal),
-    gets the toolsets it asked for that the parent has, minus DELEGATE_BLOCKED_TOOLS, and
-    makes at most 15 model calls, each also paid from the parent's budget (shared mode).
-    Nobody can approve its dangerous commands: they are denied.
+    delegate_task hands a task to a child agent, or up to 3 to children in parallel. A
+    child starts with a fresh message list, gets the tools it asked for that the parent
+    has, minus DELEGATE_BLOCKED_TOOLS, and makes at most 15 model calls, each also paid
+    from the parent's budget (shared mode). Its dangerous commands are denied.
 
     parent ──delegate_task(tasks=[a, b])──▶ build_child_agent() × 2
         budget: IterationBudget(--max-iterations)        │ fresh messages: [prompt, goal]
@@ -17,10 +16,8 @@ What this stage adds
         tool result  ◀── [{status, answer ≤ 24,000 chars}] ────┘
 
 Reading guide
-    "[s10] Sub-agent delegation" is the lesson: delegate_task(), build_child_agent(),
-    ChildBudget, run_child() and run_children(), then their helpers. The progress tree
-    and /delegation are under "[s10] Delegation commands". The hardened edition
-    (agents/hardened/) adds the details.
+    "[s10] Sub-agent delegation" is the lesson, from delegate_task() down; the progress
+    tree and /delegation are plumbing. agents/hardened/ adds the details.
     Changed in earlier stages' sections: run_conversation() in [s01]; IterationBudget in
     [s06]; write_refusal() in [s09]; and 11 definitions of the plumbing (python
     course/build.py --changes s10 lists them all).
@@ -94,8 +91,7 @@ CHILD_SYSTEM_PROMPT = (
     "and commands that need a person's approval are refused.")
 
 
-# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
-# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
+# The Delegator calling delegate_task: like s09's APPROVAL_CONTEXT, each thread sets its own.
 DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
 
 # Held while a child reports and while Ctrl-C stops the children: no line after the tree ends.
@@ -128,9 +124,8 @@ def delegate_task(goal: str | None = None, context: str | None = None,
     return json.dumps({"children": results, "budget": budget}, ensure_ascii=False)
 
 def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
-    """A child: a fresh message list that starts with the goal, verbatim; a short prompt
-    with the context, never the parent's SOUL, memory or conversation; the tools of its
-    toolsets that the parent has, minus DELEGATE_BLOCKED_TOOLS; its own budget."""
+    """A child: a short prompt with the context (never the parent's SOUL, memory or
+    conversation), then the goal; the tools of its toolsets, minus the blocked ones."""
     tools = child_tools(parent.session.tools, spec["toolsets"])
     prompt = CHILD_SYSTEM_PROMPT + f"\n\nWorking directory: {current_directory()}"
     if spec["context"]:
@@ -178,8 +173,7 @@ class ChildBudget:
         return True
 
 def run_child(child: Child) -> None:
-    """A child's thread. Its context is its own: approvals with no human to ask, and
-    depth parent + 1. Nothing a child does raises into its parent: a crash is its error."""
+    """A child's thread, with its own approvals and depth. A crash is the child's error."""
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
     outcome = ("error", "", "the sub-agent failed")
@@ -195,8 +189,7 @@ def run_child(child: Child) -> None:
         child.finished.set()
 
 def child_loop(child: Child) -> tuple[str, str, str]:
-    """The child's own agent loop (s05's compression, s06's retries and guardrails), and
-    its (status, answer, note)."""
+    """The child's loop (with s05's compression, s06's retries): (status, answer, note)."""
     try:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
@@ -244,19 +237,15 @@ class Delegator:
         self.session, self.budget, self.depth = session, budget, depth
         self.on_progress = on_progress or (lambda event: None)
 
-    def touch(self, activity: str) -> None:
-        """The heartbeat: the parent is alive, and this is what it waits for."""
+    def touch(self, activity: str) -> None:     # the heartbeat: /delegation shows it
         self.session.last_activity = (time.monotonic(), activity)
 
 def child_state_problem(real: Path) -> str | None:
     """Why a sub-agent's write_file or patch may not write `real`: nothing in the
     agent's state folder (memory, skills, sessions), as it has no memory tool."""
-    delegation = DELEGATION.get()
-    if delegation is None or delegation.depth == 0:     # the parent's own writes
-        return None
-    home = Path(os.path.realpath(hermes_home()))
-    if real != home and home not in real.parents:
-        return None
+    delegation, home = DELEGATION.get(), Path(os.path.realpath(hermes_home()))
+    if not delegation or not delegation.depth or (real != home and home not in real.parents):
+        return None                             # the parent's own writes, or another folder
     return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
             f"agent's memory, skills or sessions")
 
@@ -304,7 +293,7 @@ class ChildApprovals:
         self.context, self.child = ApprovalContext(child.permissions, child, None), child
 
     def __getattr__(self, name: str):
-        return getattr(self.context, name)      # permissions, session_id, remember(), ...
+        return getattr(self.context, name)      # permissions, session_id, ...
 
     def yolo_source(self) -> None:
         return None
@@ -889,8 +878,7 @@ def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
-    problem = protected_path_problem(real) or write_root_problem(real) \
-        or child_state_problem(real)         # s10
+    problem = protected_path_problem(real) or write_root_problem(real) or child_state_problem(real)
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -1566,8 +1554,7 @@ class IterationBudget:
         self._lock = threading.Lock()
 
     def consume(self, keep: int = 0) -> bool:
-        """Take one unit; False (and nothing taken) once the budget is spent, or when
-        taking it would leave fewer than `keep` units (s10: the parent's reserve)."""
+        """Take one unit, leaving at least `keep` (s10: the parent's reserve); else False."""
         with self._lock:
             if self.used + keep >= self.max_total:
                 return False
@@ -2709,14 +2696,13 @@ def run_conversation(client, model: str, messages: list,
     Before every model call, compress_context() keeps the messages inside the
     model's `context_length` (s05).
     `recovery` says how a failed model call is retried (see call_model()).
-    `budget`: the turn's IterationBudget (s10: run_turn() makes it; a child's pays twice).
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
     offered = {tool["function"]["name"]: tool for tool in tools}
     strikes = 0                         # consecutive turns whose calls were all invalid
-    budget = budget or IterationBudget(max_iterations)  # one of each per user turn
-    guardrails = ToolCallGuardrails()
+    budget = budget or IterationBudget(max_iterations)  # one of each per user turn (s10:
+    guardrails = ToolCallGuardrails()                   # run_turn() passes the budget)
     while budget.consume():
         compress_context(client, model, messages, context_length, on_event=on_event,
                          tools=tools)
@@ -2958,24 +2944,21 @@ HELP_TEXT = """Commands:
   /quit          leave (Ctrl-D works too)
 Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
 The offline model understands:
-  $ <command>            run a shell command with the terminal tool (a dangerous one
-                         only after your approval; a hardline one never)
+  $ <command>            run a shell command with the terminal tool (through the gate)
   read <path>            read a file with read_file
   write <path> <text>    write a file with write_file
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)
   skills                 list the skills with skills_list
   skill <name>           load a skill with skill_view
-  delegate <goal>        give the goal to a sub-agent with delegate_task (try
-                         delegate $ ls); delegate <goal> | <goal> runs up to 3 at once"""
+  delegate <goal>        a sub-agent does it (delegate_task); <goal> | <goal>: up to 3 at once"""
 
 class Session:
     """Everything one running agent needs: the client, the model, the messages."""
@@ -3144,46 +3127,27 @@ def positive_int(text: str) -> int:
     return value
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used.")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
-    parser.add_argument("--model",
-                        help=f"model name (default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL})")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS,
-                        help=f"model calls per turn (default {MAX_ITERATIONS})")
-    parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES,
-                        help=f"retries of a failed model call (default {API_MAX_RETRIES})")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES)
     parser.add_argument("--fallback-model", help="tried once when the retries are used up")
-    parser.add_argument("--fallback-base-url",
-                        help="endpoint for the fallback (default: the same endpoint)")
-    known = ", ".join(REGISTRY.toolsets())
-    parser.add_argument("--toolsets", type=toolset_list, help=f"offer only these ({known})")
+    parser.add_argument("--fallback-base-url", help="endpoint for the fallback")
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
     parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
     parser.add_argument("--context-length", type=positive_int, default=DEFAULT_CONTEXT_LENGTH,
-                        metavar="TOKENS", help=f"the model's context window (default "
-                        f"{DEFAULT_CONTEXT_LENGTH}); compression starts above "
-                        f"{COMPRESSION_THRESHOLD * 100:.0f}%% of it")
-    parser.add_argument("--yolo", action="store_true", help="run dangerous commands without "
-                        "asking (never hardline ones); HERMES_YOLO_MODE=1 does the same")
-    parser.add_argument("--approval-mode", choices=APPROVAL_MODES, default="manual",
-                        help="manual: ask (default); smart: a model reviews first; off: "
-                             "like --yolo for every session")
-    parser.add_argument("--approval-timeout", type=positive_int, default=APPROVAL_TIMEOUT,
-                        metavar="SECONDS", help=f"an approval prompt with no answer denies "
-                        f"after this long (default {APPROVAL_TIMEOUT})")
-    parser.add_argument("--write-root", type=existing_folder, metavar="DIR",
-                        help="write_file and patch write only inside DIR")
-    parser.add_argument("--child-budget", choices=CHILD_BUDGET_MODES, default="shared",
-                        help="do sub-agents' model calls count against the turn's budget")
-    parser.add_argument("--child-approvals", choices=CHILD_APPROVALS, default="deny",
-                        help="a sub-agent's dangerous commands: deny, or approve once")
-    parser.add_argument("--heartbeat-interval", type=positive_int, default=int(HEARTBEAT_INTERVAL),
-                        metavar="SECONDS", help="how often a parent waiting for sub-agents "
-                        "says it is alive")
+                        metavar="TOKENS", help="the model's context window")
+    parser.add_argument("--yolo", action="store_true", help="dangerous commands run unasked")
+    parser.add_argument("--approval-mode", choices=APPROVAL_MODES, default="manual")
+    parser.add_argument("--approval-timeout", type=positive_int, default=APPROVAL_TIMEOUT)
+    parser.add_argument("--write-root", type=existing_folder, metavar="DIR")
+    parser.add_argument("--child-budget", choices=CHILD_BUDGET_MODES, default="shared")
+    parser.add_argument("--child-approvals", choices=CHILD_APPROVALS, default="deny")
+    parser.add_argument("--heartbeat-interval", type=positive_int, default=int(HEARTBEAT_INTERVAL))
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
     resume.add_argument("--continue", dest="continue_session", action="store_true",
@@ -3612,9 +3576,8 @@ def demo_nobody_to_ask(session: Session) -> None:
 
 
 def show_child_event(event: dict) -> None:
-    """A child's progress as a tree under the parent's delegate_task line, prefixed
-    [1], [2], [3] when several children run at once. Children finish in any order, so
-    only run_children()'s "closed" event, last, draws the closing └─."""
+    """A child's progress as a tree under the parent's delegate_task line, [1], [2], [3]
+    when several run. Only run_children()'s "closed" event, last, draws the closing └─."""
     tag, kind = f"[{event.get('index')}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
@@ -3634,8 +3597,7 @@ def show_child_event(event: dict) -> None:
     console.print(Text("    " + line, style="magenta"))
 
 def delegation_summary(result: str) -> str | None:
-    """One line per child of a delegate_task result (the tree showed their work), and
-    the budget line; None when the result is an error."""
+    """One line per child of a delegate_task result, and the budget; None for an error."""
     data = parse_result(result) or {}
     if not isinstance(data.get("children"), list):
         return None

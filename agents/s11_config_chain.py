@@ -466,8 +466,7 @@ CHILD_SYSTEM_PROMPT = (
     "and commands that need a person's approval are refused.")
 
 
-# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
-# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
+# The Delegator calling delegate_task: like s09's APPROVAL_CONTEXT, each thread sets its own.
 DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
 
 # Held while a child reports and while Ctrl-C stops the children: no line after the tree ends.
@@ -500,9 +499,8 @@ def delegate_task(goal: str | None = None, context: str | None = None,
     return json.dumps({"children": results, "budget": budget}, ensure_ascii=False)
 
 def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
-    """A child: a fresh message list that starts with the goal, verbatim; a short prompt
-    with the context, never the parent's SOUL, memory or conversation; the tools of its
-    toolsets that the parent has, minus DELEGATE_BLOCKED_TOOLS; its own budget."""
+    """A child: a short prompt with the context (never the parent's SOUL, memory or
+    conversation), then the goal; the tools of its toolsets, minus the blocked ones."""
     tools = child_tools(parent.session.tools, spec["toolsets"])
     prompt = CHILD_SYSTEM_PROMPT + f"\n\nWorking directory: {current_directory()}"
     if spec["context"]:
@@ -550,8 +548,7 @@ class ChildBudget:
         return True
 
 def run_child(child: Child) -> None:
-    """A child's thread. Its context is its own: approvals with no human to ask, and
-    depth parent + 1. Nothing a child does raises into its parent: a crash is its error."""
+    """A child's thread, with its own approvals and depth. A crash is the child's error."""
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
     outcome = ("error", "", "the sub-agent failed")
@@ -567,8 +564,7 @@ def run_child(child: Child) -> None:
         child.finished.set()
 
 def child_loop(child: Child) -> tuple[str, str, str]:
-    """The child's own agent loop (s05's compression, s06's retries and guardrails), and
-    its (status, answer, note)."""
+    """The child's loop (with s05's compression, s06's retries): (status, answer, note)."""
     try:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
@@ -616,19 +612,15 @@ class Delegator:
         self.session, self.budget, self.depth = session, budget, depth
         self.on_progress = on_progress or (lambda event: None)
 
-    def touch(self, activity: str) -> None:
-        """The heartbeat: the parent is alive, and this is what it waits for."""
+    def touch(self, activity: str) -> None:     # the heartbeat: /delegation shows it
         self.session.last_activity = (time.monotonic(), activity)
 
 def child_state_problem(real: Path) -> str | None:
     """Why a sub-agent's write_file or patch may not write `real`: nothing in the
     agent's state folder (memory, skills, sessions), as it has no memory tool."""
-    delegation = DELEGATION.get()
-    if delegation is None or delegation.depth == 0:     # the parent's own writes
-        return None
-    home = Path(os.path.realpath(hermes_home()))
-    if real != home and home not in real.parents:
-        return None
+    delegation, home = DELEGATION.get(), Path(os.path.realpath(hermes_home()))
+    if not delegation or not delegation.depth or (real != home and home not in real.parents):
+        return None                             # the parent's own writes, or another folder
     return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
             f"agent's memory, skills or sessions")
 
@@ -676,7 +668,7 @@ class ChildApprovals:
         self.context, self.child = ApprovalContext(child.permissions, child, None), child
 
     def __getattr__(self, name: str):
-        return getattr(self.context, name)      # permissions, session_id, remember(), ...
+        return getattr(self.context, name)      # permissions, session_id, ...
 
     def yolo_source(self) -> None:
         return None
@@ -1279,8 +1271,7 @@ def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
-    problem = protected_path_problem(real) or write_root_problem(real) \
-        or child_state_problem(real)         # s10
+    problem = protected_path_problem(real) or write_root_problem(real) or child_state_problem(real)
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -1956,8 +1947,7 @@ class IterationBudget:
         self._lock = threading.Lock()
 
     def consume(self, keep: int = 0) -> bool:
-        """Take one unit; False (and nothing taken) once the budget is spent, or when
-        taking it would leave fewer than `keep` units (s10: the parent's reserve)."""
+        """Take one unit, leaving at least `keep` (s10: the parent's reserve); else False."""
         with self._lock:
             if self.used + keep >= self.max_total:
                 return False
@@ -3099,14 +3089,13 @@ def run_conversation(client, model: str, messages: list,
     Before every model call, compress_context() keeps the messages inside the
     model's `context_length` (s05).
     `recovery` says how a failed model call is retried (see call_model()).
-    `budget`: the turn's IterationBudget (s10: run_turn() makes it; a child's pays twice).
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
     offered = {tool["function"]["name"]: tool for tool in tools}
     strikes = 0                         # consecutive turns whose calls were all invalid
-    budget = budget or IterationBudget(max_iterations)  # one of each per user turn
-    guardrails = ToolCallGuardrails()
+    budget = budget or IterationBudget(max_iterations)  # one of each per user turn (s10:
+    guardrails = ToolCallGuardrails()                   # run_turn() passes the budget)
     while budget.consume():
         compress_context(client, model, messages, context_length, on_event=on_event,
                          tools=tools)
@@ -3966,9 +3955,8 @@ def demo_nobody_to_ask(session: Session) -> None:
 
 
 def show_child_event(event: dict) -> None:
-    """A child's progress as a tree under the parent's delegate_task line, prefixed
-    [1], [2], [3] when several children run at once. Children finish in any order, so
-    only run_children()'s "closed" event, last, draws the closing └─."""
+    """A child's progress as a tree under the parent's delegate_task line, [1], [2], [3]
+    when several run. Only run_children()'s "closed" event, last, draws the closing └─."""
     tag, kind = f"[{event.get('index')}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
@@ -3988,8 +3976,7 @@ def show_child_event(event: dict) -> None:
     console.print(Text("    " + line, style="magenta"))
 
 def delegation_summary(result: str) -> str | None:
-    """One line per child of a delegate_task result (the tree showed their work), and
-    the budget line; None when the result is an error."""
+    """One line per child of a delegate_task result, and the budget; None for an error."""
     data = parse_result(result) or {}
     if not isinstance(data.get("children"), list):
         return None
