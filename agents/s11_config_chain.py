@@ -597,12 +597,14 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
                             "stopped": not all(c.finished.is_set() for c in children)})
     return [child.result for child in children]     # run_child() always sets it
 
-class DelegationSettings(NamedTuple):
-    """How this agent delegates, fixed by main() at start-up."""
-    budget_mode: str = "shared"                 # one of CHILD_BUDGET_MODES
-    child_approvals: str = "deny"               # one of CHILD_APPROVALS
-    heartbeat_interval: float = HEARTBEAT_INTERVAL
-    stale_beats: int = HEARTBEAT_STALE_BEATS    # used by the hardened edition's heartbeat
+class DelegationSettings:
+    """How this agent delegates (CHILD_BUDGET_MODES, CHILD_APPROVALS), fixed at start-up."""
+
+    def __init__(self, budget_mode: str = "shared", child_approvals: str = "deny",
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL,
+                 stale_beats: int = HEARTBEAT_STALE_BEATS):     # the hardened heartbeat's
+        self.budget_mode, self.child_approvals = budget_mode, child_approvals
+        self.heartbeat_interval, self.stale_beats = heartbeat_interval, stale_beats
 
 class Delegator:
     """The agent that calls delegate_task, during one turn: its session (endpoint, model,
