@@ -223,11 +223,10 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
     return [child.result for child in children]     # run_child() always sets it
 
 class DelegationSettings:
-    """How this agent delegates (CHILD_BUDGET_MODES, CHILD_APPROVALS), fixed at start-up."""
+    """How this agent delegates, fixed at start-up (stale_beats: the hardened heartbeat's)."""
 
-    def __init__(self, budget_mode: str = "shared", child_approvals: str = "deny",
-                 heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                 stale_beats: int = HEARTBEAT_STALE_BEATS):     # the hardened heartbeat's
+    def __init__(self, budget_mode="shared", child_approvals="deny",
+                 heartbeat_interval=HEARTBEAT_INTERVAL, stale_beats=HEARTBEAT_STALE_BEATS):
         self.budget_mode, self.child_approvals = budget_mode, child_approvals
         self.heartbeat_interval, self.stale_beats = heartbeat_interval, stale_beats
 
