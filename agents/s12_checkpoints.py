@@ -789,11 +789,8 @@ CHILD_SYSTEM_PROMPT = (
     "and commands that need a person's approval are refused.")
 
 
-# What delegate_task needs from the agent calling it; DELEGATION holds it for the code
-# running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
+# The Delegator calling delegate_task: like s09's APPROVAL_CONTEXT, each thread sets its own.
 DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
-# Set in a child's thread: the event its parent sets to stop it (Ctrl-C).
-STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
 
 # Held while a child reports and while Ctrl-C stops the children: no line after the tree ends.
 PROGRESS_LOCK = threading.Lock()
@@ -819,13 +816,14 @@ def delegate_task(goal: str | None = None, context: str | None = None,
     children = [build_child_agent(parent, spec, index, len(specs))
                 for index, spec in enumerate(specs, start=1)]
     results = run_children(parent, children)
-    return json.dumps({"children": results, "budget": parent.budget_line()},
-                      ensure_ascii=False)
+    mode, counted = parent.session.delegation.budget_mode, parent.budget.used
+    budget = (f"{counted} of {parent.budget.max_total} model calls of this turn used ({mode} "
+              f"budget: children's calls {'count' if mode == 'shared' else 'do not count'})")
+    return json.dumps({"children": results, "budget": budget}, ensure_ascii=False)
 
 def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
-    """A child: a fresh message list that starts with the goal, verbatim; a short prompt
-    with the context, never the parent's SOUL, memory or conversation; the tools of its
-    toolsets that the parent has, minus DELEGATE_BLOCKED_TOOLS; its own budget."""
+    """A child: a short prompt with the context (never the parent's SOUL, memory or
+    conversation), then the goal; the tools of its toolsets, minus the blocked ones."""
     tools = child_tools(parent.session.tools, spec["toolsets"])
     prompt = CHILD_SYSTEM_PROMPT + f"\n\nWorking directory: {current_directory()}"
     if spec["context"]:
@@ -835,8 +833,7 @@ def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> 
     return Child(parent, index, count, spec["goal"], tools, messages)
 
 class Child:
-    """One sub-agent: its own messages, tools, session id, stop event and budget; its
-    parent's endpoint and model."""
+    """One sub-agent: its own messages, tools, session id, stop event and budget."""
 
     def __init__(self, parent: Delegator, index: int, count: int, goal: str, tools: list,
                  messages: list):
@@ -857,35 +854,26 @@ class Child:
                                          "count": self.count, **data})
 
 class ChildBudget:
-    """A child's model calls: at most MAX_CHILD_ITERATIONS of its own, and in shared
-    mode each one also taken from the parent's budget, leaving PARENT_RESERVE calls for
-    the parent's own answer. A stopped child gets no more calls."""
+    """A child's model calls: at most MAX_CHILD_ITERATIONS, in shared mode each also paid
+    from the parent's budget, which keeps PARENT_RESERVE calls. None once it is stopped."""
 
     def __init__(self, shared: IterationBudget | None, stop: threading.Event):
-        self.own = IterationBudget(MAX_CHILD_ITERATIONS)
         self.shared, self.stop = shared, stop
-        self.parent_ran_out = False
+        self.used, self.parent_ran_out = 0, False
 
     def consume(self, keep: int = 0) -> bool:
-        if self.stop.is_set() or not self.own.consume():
+        if self.stop.is_set() or self.used >= MAX_CHILD_ITERATIONS:
             return False
-        if self.shared is None or self.shared.consume(keep=PARENT_RESERVE):
-            return True
-        self.own.refund()                       # not made: it does not count as the child's
-        self.parent_ran_out = True
-        return False
-
-    @property
-    def used(self) -> int:
-        return self.own.used
+        if self.shared is not None and not self.shared.consume(keep=PARENT_RESERVE):
+            self.parent_ran_out = True
+            return False
+        self.used += 1
+        return True
 
 def run_child(child: Child) -> None:
-    """A child's thread. Its context is its own: approvals with no human to ask, depth
-    parent + 1, and the stop event that its tool calls check. Nothing a child does
-    raises into its parent: a crash becomes the status "error"."""
+    """A child's thread, with its own approvals and depth. A crash is the child's error."""
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
-    STOP_REQUESTED.set(child.stop)
     outcome = ("error", "", "the sub-agent failed")
     try:
         child.emit("started", goal=child.goal)
@@ -899,64 +887,46 @@ def run_child(child: Child) -> None:
         child.finished.set()
 
 def child_loop(child: Child) -> tuple[str, str, str]:
-    """The child's own agent loop (with s05's compression and s06's retries and
-    guardrails), and its (status, answer, note)."""
+    """The child's loop (with s05's compression, s06's retries): (status, answer, note)."""
     try:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
                                    child.tools, child.parent.session.context_length,
                                    child.parent.session.recovery, budget=child.budget)
-    except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
+    except KeyboardInterrupt:                   # child_event_handler(): the parent's Ctrl-C
         return "interrupted", "", "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        return "error", "", explain_api_failure(
-            exc, str(child.client.base_url), child.model)
+        return "error", "", explain_api_failure(exc, str(child.client.base_url), child.model)
     return child_outcome(child, stopped)
 
 def run_children(parent: Delegator, children: list) -> list[dict]:
-    """Start every child in its own thread and wait for all of them. While they work,
-    the parent's heartbeat says it is alive. Ctrl-C stops them: no child makes another
-    model or tool call."""
-    settings = parent.session.delegation
+    """Start every child in its own thread and wait for all of them, touching the parent
+    (the heartbeat) while they work. Ctrl-C stops them: no more model or tool calls."""
     try:
         for child in children:
-            # A new, empty context: the thread sets its own approvals, depth and stop event.
+            # A new, empty context: the thread sets its own approvals and depth.
             threading.Thread(target=contextvars.Context().run, args=(run_child, child),
                              daemon=True).start()
-        beat = time.monotonic() + settings.heartbeat_interval
-        while not all(child.finished.wait(0.1) for child in children):  # Ctrl-C: in between
-            if time.monotonic() < beat:
-                continue
-            beat += settings.heartbeat_interval
-            parent.touch(f"{len(children)} sub-agent(s) working, "
-                         f"{sum(child.budget.used for child in children)} model call(s) so far")
-    except BaseException:                       # Ctrl-C, or a thread that could not start
-        with PROGRESS_LOCK:                     # no child's line after the closing line
-            for child in children:
-                child.stop.set()                # a running command still ends on its own
-        close_tree(parent, children, stopped=True)
-        raise
-    close_tree(parent, children)
-    return [child.result or child_result(child, "error", "", "the sub-agent failed")
-            for child in children]
-
-def close_tree(parent: Delegator, children: list, stopped: bool = False) -> None:
-    """The progress tree's one closing line, last: no child reports any more."""
-    done = sum(bool(child.result) and child.result["status"] == "completed"
-               for child in children)
-    parent.on_progress({"event": "closed", "count": len(children), "completed": done,
-                        "stopped": stopped})
+        for child in children:                  # Ctrl-C interrupts the wait
+            while not child.finished.wait(parent.session.delegation.heartbeat_interval):
+                parent.touch(f"{len(children)} sub-agent(s) working, "
+                             f"{sum(c.budget.used for c in children)} model call(s) so far")
+    finally:                                    # also after Ctrl-C or a failed start:
+        with PROGRESS_LOCK:                     # stop the children that still run (their
+            for child in children:              # command ends on its own), then close the
+                child.stop.set()                # tree: no child's line comes after that
+        done = sum(bool(c.result) and c.result["status"] == "completed" for c in children)
+        parent.on_progress({"event": "closed", "count": len(children), "completed": done,
+                            "stopped": not all(c.finished.is_set() for c in children)})
+    return [child.result for child in children]     # run_child() always sets it
 
 class DelegationSettings:
-    """How this agent delegates, fixed by main() at start-up."""
+    """How this agent delegates, fixed at start-up (stale_beats: the hardened heartbeat's)."""
 
-    def __init__(self, budget_mode: str = "shared", child_approvals: str = "deny",
-                 heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                 stale_beats: int = HEARTBEAT_STALE_BEATS):
-        self.budget_mode = budget_mode          # one of CHILD_BUDGET_MODES
-        self.child_approvals = child_approvals  # one of CHILD_APPROVALS
-        self.heartbeat_interval = heartbeat_interval
-        self.stale_beats = stale_beats
+    def __init__(self, budget_mode="shared", child_approvals="deny",
+                 heartbeat_interval=HEARTBEAT_INTERVAL, stale_beats=HEARTBEAT_STALE_BEATS):
+        self.budget_mode, self.child_approvals = budget_mode, child_approvals
+        self.heartbeat_interval, self.stale_beats = heartbeat_interval, stale_beats
 
 class Delegator:
     """The agent that calls delegate_task, during one turn: its session (endpoint, model,
@@ -966,38 +936,20 @@ class Delegator:
         self.session, self.budget, self.depth = session, budget, depth
         self.on_progress = on_progress or (lambda event: None)
 
-    def touch(self, activity: str) -> None:
-        """The heartbeat: the parent is alive, and this is what it waits for."""
+    def touch(self, activity: str) -> None:     # the heartbeat: /delegation shows it
         self.session.last_activity = (time.monotonic(), activity)
-
-    def budget_line(self) -> str:
-        mode = self.session.delegation.budget_mode
-        counted = "count" if mode == "shared" else "do not count"
-        return (f"{self.budget.used} of {self.budget.max_total} model calls of this turn used "
-                f"({mode} budget: children's calls {counted})")
 
 def child_state_problem(real: Path) -> str | None:
     """Why a sub-agent's write_file or patch may not write `real`: nothing in the
     agent's state folder (memory, skills, sessions), as it has no memory tool."""
-    delegation = DELEGATION.get()
-    if delegation is None or delegation.depth == 0:     # the parent's own writes
-        return None
-    home = Path(os.path.realpath(hermes_home()))
-    if real != home and home not in real.parents:
-        return None
+    delegation, home = DELEGATION.get(), Path(os.path.realpath(hermes_home()))
+    if not delegation or not delegation.depth or (real != home and home not in real.parents):
+        return None                             # the parent's own writes, or another folder
     return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
             f"agent's memory, skills or sessions")
 
-def stop_if_requested() -> None:
-    """In a child's thread, once its parent has stopped it: raise what Ctrl-C raises in
-    the main thread, so the same clean-up runs: every open tool call is answered."""
-    stop = STOP_REQUESTED.get()
-    if stop is not None and stop.is_set():
-        raise KeyboardInterrupt
-
 def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
-    """The model's arguments as a list of {goal, context, toolsets}, or what is wrong.
-    The door checked the arguments' types; this checks the tasks inside `tasks`."""
+    """The model's arguments as a list of {goal, context, toolsets}, or what is wrong."""
     if tasks is None and goal is None:
         return [], "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."
     if tasks is not None and (goal, context, toolsets) != (None, None, None):
@@ -1012,39 +964,32 @@ def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     for task in tasks:
         task = task if isinstance(task, dict) else {}
         unknown = sorted(set(task) - {"goal", "context", "toolsets"})
+        names = list(DEFAULT_CHILD_TOOLSETS) if task.get("toolsets") is None else task["toolsets"]
         if unknown:
             return [], (f"unexpected field(s) {', '.join(unknown)}; a task has goal, "
                         f"context, toolsets.")
         if not isinstance(task.get("goal"), str) or not task["goal"].strip():
             return [], "goal must be a non-empty string."
-        names = task.get("toolsets")
-        if names is not None and not isinstance(names, list):
+        if not isinstance(names, list):
             return [], "toolsets must be a list of toolset names."
-        if names == []:                         # never "no toolsets, so every tool"
+        if not names:                           # never "no toolsets, so every tool"
             return [], "toolsets is empty: name the toolsets the sub-agent needs."
         specs.append({"goal": task["goal"], "context": str(task.get("context") or ""),
-                      "toolsets": list(DEFAULT_CHILD_TOOLSETS) if names is None else names})
+                      "toolsets": names})
     return specs, None
-
-def toolset_of(tool: dict) -> str | None:
-    entry = REGISTRY.get(tool["function"]["name"])
-    return entry.toolset if entry is not None else None
 
 def child_tools(parent_tools: list, toolsets: list) -> list:
     """The parent's offered tools whose toolset was asked for, minus the blocked ones."""
     return [tool for tool in parent_tools
-            if tool["function"]["name"] not in DELEGATE_BLOCKED_TOOLS
-            and toolset_of(tool) in toolsets]
+            if (name := tool["function"]["name"]) not in DELEGATE_BLOCKED_TOOLS
+            and REGISTRY.get(name).toolset in toolsets]
 
 class ChildApprovals:
-    """A child's approval context: the parent's policy object with the child's own
-    session id. Nobody can be asked: YOLO, mode off and the smart reviewer never approve
-    for it; its dangerous commands are denied (--child-approvals once: approved once).
-    An ApprovalContext of its own does the rest (composition: it is defined further down)."""
+    """A child's approval context: the parent's policy, its own session id, and nobody to
+    ask. An ApprovalContext of its own does the rest (it is defined further down)."""
 
     def __init__(self, child: Child):
-        self.context = ApprovalContext(child.permissions, child, read_answer=None)
-        self.child = child
+        self.context, self.child = ApprovalContext(child.permissions, child, None), child
 
     def __getattr__(self, name: str):
         return getattr(self.context, name)      # permissions, session_id, ...
@@ -1056,33 +1001,29 @@ class ChildApprovals:
         return False                            # a model's verdict is no person's answer
 
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
-        once = self.child.parent.session.delegation.child_approvals == "once"
-        if once and "session" in choices:       # never a finding only a person may approve
-            show_approval_note(f"[sub-agent {self.child.index}] approved once without asking "
-                               f"(--child-approvals once): {described(findings)}")
-            return "once", ""
-        show_approval_note(f"[sub-agent {self.child.index}] denied: {described(findings)}")
-        return "deny", ("a sub-agent has nobody to ask, and its dangerous commands are "
-                        "denied (--child-approvals deny)")
+        once = self.child.parent.session.delegation.child_approvals == "once" \
+            and "session" in choices            # never a finding only a person may approve
+        said = "approved once without asking (--child-approvals once)" if once else "denied"
+        show_approval_note(f"[sub-agent {self.child.index}] {said}: {described(findings)}")
+        return ("once", "") if once else ("deny", "a sub-agent has nobody to ask, and its "
+                                          "dangerous commands are denied (--child-approvals deny)")
 
 def child_event_handler(child: Child):
     """The child's loop events as progress events for the parent's tree."""
     def on_event(kind: str, data: dict) -> None:
         if kind == "tool_call":
+            if child.stop.is_set():             # Ctrl-C: raise what it raises in the main
+                raise KeyboardInterrupt         # thread; the loop answers every open call
             child.tool_calls += 1
-            child.emit("tool_started", tool=data["name"], preview=call_preview(data["arguments"]))
+            arguments, _ = parse_arguments("", data["arguments"])   # the door's: never raises
+            shown = next((value for value in (arguments or {}).values()
+                          if isinstance(value, str)), data["arguments"])
+            child.emit("tool_started", tool=data["name"], preview=preview(shown))
         elif kind == "tool_result":
             outcome = classify_tool_result(data["name"], data["result"])
             child.succeeded += outcome in ("ok", "landed")
             child.emit("tool_finished", tool=data["name"], outcome=outcome)
     return on_event
-
-def call_preview(arguments: str) -> str:
-    """The first text argument of a call (a command, a path), short and with hidden
-    characters made visible: a child's arguments are the model's text."""
-    data, _ = parse_arguments("", arguments)    # the door's parser: never raises
-    text = next((value for value in (data or {}).values() if isinstance(value, str)), arguments)
-    return preview(text)
 
 def preview(text: str) -> str:
     text = visible(" ".join(str(text).split()))
@@ -1099,24 +1040,22 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
         return "interrupted", "", "stopped by the user (Ctrl-C)"
     if child.budget.used >= MAX_CHILD_ITERATIONS:
         return "iteration_limit", "", (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
-                                            f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
+                                       f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
     if child.budget.parent_ran_out:
         return "budget_exhausted", "", ("stopped: the turn's shared budget is spent "
-                                             "(--max-iterations): the work may be unfinished")
+                                        "(--max-iterations): the work may be unfinished")
     return "error", "", first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 def child_result(child: Child, status: str, answer: str, note: str) -> dict:
-    """What the parent receives: the final answer (capped), a status, a count. Never the
-    child's messages."""
+    """What the parent receives: the final answer (capped), a status, counts, a note.
+    Never the child's messages."""
     answer = safe_text(answer or "")
     if len(answer) > MAX_CHILD_ANSWER_CHARS:
         cut = len(answer) - MAX_CHILD_ANSWER_CHARS
         answer = answer[:MAX_CHILD_ANSWER_CHARS] + f"\n[… {cut:,} more characters cut]"
-    result = {"task": child.index, "goal": preview(child.goal), "status": status, "answer": answer,
-              "model_calls": child.budget.used, "tool_calls": child.tool_calls}
-    if note:
-        result["note"] = note
-    return result
+    return {"task": child.index, "goal": preview(child.goal), "status": status, "answer": answer,
+            "model_calls": child.budget.used, "tool_calls": child.tool_calls,
+            **({"note": note} if note else {})}
 
 # ── [s09] Dangerous commands ────────────────────────────────────────────────
 
@@ -1593,8 +1532,7 @@ def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
-    problem = protected_path_problem(real) or write_root_problem(real) \
-        or child_state_problem(real)         # s10
+    problem = protected_path_problem(real) or write_root_problem(real) or child_state_problem(real)
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -2214,40 +2152,31 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 
 
 class IterationBudget:
-    """How many model calls the agent loop may make. One budget per user turn, sized
-    by --max-iterations; each call of the loop consumes one unit, auxiliary calls
-    (a summary, a title) none. Thread-safe: later stages share one budget between
-    threads, and two threads that both read "1 left" must not both get it."""
+    """How many model calls one user turn may make (--max-iterations). Thread-safe: s10's
+    sub-agents share one budget between threads, and two that both read "1 left" must not
+    both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
-        self._used = 0
+        self.used = 0
         self._lock = threading.Lock()
 
     def consume(self, keep: int = 0) -> bool:
-        """Take one unit; False (and nothing taken) once the budget is spent, or when
-        taking it would leave fewer than `keep` units (s10: the parent's reserve)."""
+        """Take one unit, leaving at least `keep` (s10: the parent's reserve); else False."""
         with self._lock:
-            if self._used + keep >= self.max_total:
+            if self.used + keep >= self.max_total:
                 return False
-            self._used += 1
+            self.used += 1
             return True
 
     def refund(self) -> None:
         """Give one unit back, for a call that should not count; never below zero."""
         with self._lock:
-            if self._used > 0:
-                self._used -= 1
-
-    @property
-    def used(self) -> int:
-        with self._lock:
-            return self._used
+            self.used = max(0, self.used - 1)
 
     @property
     def remaining(self) -> int:
-        with self._lock:
-            return max(0, self.max_total - self._used)
+        return max(0, self.max_total - self.used)
 
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
@@ -3294,16 +3223,13 @@ def run_conversation(client, model: str, messages: list,
     Before every model call, compress_context() keeps the messages inside the
     model's `context_length` (s05).
     `recovery` says how a failed model call is retried (see call_model()).
-    `budget` is the turn's IterationBudget; s10's sub-agents pass one that also pays
-    from their parent's.
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
     offered = {tool["function"]["name"]: tool for tool in tools}
     strikes = 0                         # consecutive turns whose calls were all invalid
-    if budget is None:
-        budget = IterationBudget(max_iterations)    # one of each per user turn
-    guardrails = ToolCallGuardrails()
+    budget = budget or IterationBudget(max_iterations)  # one of each per user turn (s10:
+    guardrails = ToolCallGuardrails()                   # run_turn() passes the budget)
     while budget.consume():
         compress_context(client, model, messages, context_length, on_event=on_event,
                          tools=tools)
@@ -3339,7 +3265,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
     checked = [validate_tool_call(name, arguments, offered) for _, name, arguments in calls]
     try:
         for (call_id, name, arguments), (args, error) in zip(calls, checked):
-            stop_if_requested()                 # s10: a stopped child runs no more calls
             on_event("tool_call", {"name": name, "arguments": arguments})
             result, note = (error, "") if error is not None else guardrails.run(name, args)
             result = safe_text(result)
@@ -4079,9 +4004,8 @@ def with_approvals(permissions: Permissions, session: Session, function) -> None
 
 
 def show_child_event(event: dict) -> None:
-    """A child's progress as a tree under the parent's delegate_task line, prefixed
-    [1], [2], [3] when several children run at once. Children finish in any order, so
-    only run_children()'s "closed" event, last, draws the closing └─."""
+    """A child's progress as a tree under the parent's delegate_task line, [1], [2], [3]
+    when several run. Only run_children()'s "closed" event, last, draws the closing └─."""
     tag, kind = f"[{event.get('index')}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
@@ -4101,8 +4025,7 @@ def show_child_event(event: dict) -> None:
     console.print(Text("    " + line, style="magenta"))
 
 def delegation_summary(result: str) -> str | None:
-    """One line per child of a delegate_task result (the tree showed their work), and
-    the budget line; None when the result is an error."""
+    """One line per child of a delegate_task result, and the budget; None for an error."""
     data = parse_result(result) or {}
     if not isinstance(data.get("children"), list):
         return None
@@ -4428,10 +4351,8 @@ def offline_plan(text: str):
     if verb == "skill" and rest.strip():
         return "skill_view", {"name": rest.strip()}
     if verb == "delegate" and rest.strip():
-        goals = [goal.strip() for goal in rest.split(" | ")]
-        if len(goals) == 1:
-            return "delegate_task", {"goal": goals[0]}
-        return "delegate_task", {"tasks": [{"goal": goal} for goal in goals]}
+        tasks = [{"goal": goal.strip()} for goal in rest.split(" | ")]
+        return "delegate_task", tasks[0] if len(tasks) == 1 else {"tasks": tasks}
     return None
 
 def offline_summary(messages: list) -> str:

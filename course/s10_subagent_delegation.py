@@ -4,11 +4,10 @@
 """s10 · Sub-agent delegation — children with their own context, fewer tools, one budget.
 
 What this stage adds
-    delegate_task hands a task to a child agent, or up to 3 tasks to children that run
-    in parallel. A child starts with a fresh message list (a task prompt, then the goal),
-    gets the toolsets it asked for that the parent has, minus DELEGATE_BLOCKED_TOOLS, and
-    makes at most 15 model calls, each also paid from the parent's budget (shared mode).
-    Nobody can approve its dangerous commands: they are denied.
+    delegate_task hands a task to a child agent, or up to 3 to children in parallel. A
+    child starts with a fresh message list, gets the tools it asked for that the parent
+    has, minus DELEGATE_BLOCKED_TOOLS, and makes at most 15 model calls, each also paid
+    from the parent's budget (shared mode). Its dangerous commands are denied.
 
     parent ──delegate_task(tasks=[a, b])──▶ build_child_agent() × 2
         budget: IterationBudget(--max-iterations)        │ fresh messages: [prompt, goal]
@@ -19,10 +18,8 @@ What this stage adds
         tool result  ◀── [{status, answer ≤ 24,000 chars}] ────┘
 
 Reading guide
-    "[s10] Sub-agent delegation" is the lesson: delegate_task(), build_child_agent(),
-    ChildBudget, run_child() and run_children(), then their helpers. The progress tree
-    and /delegation are under "[s10] Delegation commands". The hardened edition
-    (agents/hardened/) adds the details.
+    "[s10] Sub-agent delegation" is the lesson, from delegate_task() down; the progress
+    tree and /delegation are plumbing. agents/hardened/ adds the details.
     {changed elsewhere}
 Run
     python agents/s10_subagent_delegation.py --demo   # the walk-through
@@ -138,9 +135,14 @@ CHILD_SYSTEM_PROMPT = (
     "and commands that need a person's approval are refused.")
 
 
+#: teaching
+# The Delegator calling delegate_task: like s09's APPROVAL_CONTEXT, each thread sets its own.
+DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
+#: hardened
 # What delegate_task needs from the agent calling it; DELEGATION holds it for the code
 # running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
 DELEGATION: contextvars.ContextVar = contextvars.ContextVar("delegation", default=None)
+#: hardened
 # Set in a child's thread: the event its parent sets to stop it (Ctrl-C).
 STOP_REQUESTED: contextvars.ContextVar = contextvars.ContextVar("stop_requested", default=None)
 
@@ -171,8 +173,10 @@ def delegate_task(goal: str | None = None, context: str | None = None,
     children = [build_child_agent(parent, spec, index, len(specs))
                 for index, spec in enumerate(specs, start=1)]
     results = run_children(parent, children)
-    return json.dumps({"children": results, "budget": parent.budget_line()},
-                      ensure_ascii=False)
+    mode, counted = parent.session.delegation.budget_mode, parent.budget.used
+    budget = (f"{counted} of {parent.budget.max_total} model calls of this turn used ({mode} "
+              f"budget: children's calls {'count' if mode == 'shared' else 'do not count'})")
+    return json.dumps({"children": results, "budget": budget}, ensure_ascii=False)
 
 #: hardened
 def delegate_task(goal: str | None = None, context: str | None = None,
@@ -195,6 +199,19 @@ def delegate_task(goal: str | None = None, context: str | None = None,
                       ensure_ascii=False)
 
 
+#: teaching
+def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
+    """A child: a short prompt with the context (never the parent's SOUL, memory or
+    conversation), then the goal; the tools of its toolsets, minus the blocked ones."""
+    tools = child_tools(parent.session.tools, spec["toolsets"])
+    prompt = CHILD_SYSTEM_PROMPT + f"\n\nWorking directory: {current_directory()}"
+    if spec["context"]:
+        prompt += f"\n\nContext from the agent that delegated:\n{spec['context']}"
+    messages = [{"role": "system", "content": prompt},
+                {"role": "user", "content": spec["goal"]}]
+    return Child(parent, index, count, spec["goal"], tools, messages)
+
+#: hardened
 def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
     """A child: a fresh message list that starts with the goal, verbatim; a short prompt
     with the context, never the parent's SOUL, memory or conversation; the tools of its
@@ -210,8 +227,7 @@ def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> 
 
 #: teaching
 class Child:
-    """One sub-agent: its own messages, tools, session id, stop event and budget; its
-    parent's endpoint and model."""
+    """One sub-agent: its own messages, tools, session id, stop event and budget."""
 
     def __init__(self, parent: Delegator, index: int, count: int, goal: str, tools: list,
                  messages: list):
@@ -263,27 +279,21 @@ class Child:
 
 #: teaching
 class ChildBudget:
-    """A child's model calls: at most MAX_CHILD_ITERATIONS of its own, and in shared
-    mode each one also taken from the parent's budget, leaving PARENT_RESERVE calls for
-    the parent's own answer. A stopped child gets no more calls."""
+    """A child's model calls: at most MAX_CHILD_ITERATIONS, in shared mode each also paid
+    from the parent's budget, which keeps PARENT_RESERVE calls. None once it is stopped."""
 
     def __init__(self, shared: IterationBudget | None, stop: threading.Event):
-        self.own = IterationBudget(MAX_CHILD_ITERATIONS)
         self.shared, self.stop = shared, stop
-        self.parent_ran_out = False
+        self.used, self.parent_ran_out = 0, False
 
     def consume(self, keep: int = 0) -> bool:
-        if self.stop.is_set() or not self.own.consume():
+        if self.stop.is_set() or self.used >= MAX_CHILD_ITERATIONS:
             return False
-        if self.shared is None or self.shared.consume(keep=PARENT_RESERVE):
-            return True
-        self.own.refund()                       # not made: it does not count as the child's
-        self.parent_ran_out = True
-        return False
-
-    @property
-    def used(self) -> int:
-        return self.own.used
+        if self.shared is not None and not self.shared.consume(keep=PARENT_RESERVE):
+            self.parent_ran_out = True
+            return False
+        self.used += 1
+        return True
 
 #: hardened
 class ChildBudget:
@@ -318,12 +328,9 @@ class ChildBudget:
 
 #: teaching
 def run_child(child: Child) -> None:
-    """A child's thread. Its context is its own: approvals with no human to ask, depth
-    parent + 1, and the stop event that its tool calls check. Nothing a child does
-    raises into its parent: a crash becomes the status "error"."""
+    """A child's thread, with its own approvals and depth. A crash is the child's error."""
     APPROVAL_CONTEXT.set(ChildApprovals(child))
     DELEGATION.set(Delegator(child, child.budget, child.parent.depth + 1))
-    STOP_REQUESTED.set(child.stop)
     outcome = ("error", "", "the sub-agent failed")
     try:
         child.emit("started", goal=child.goal)
@@ -360,18 +367,16 @@ def run_child(child: Child) -> None:
 
 #: teaching
 def child_loop(child: Child) -> tuple[str, str, str]:
-    """The child's own agent loop (with s05's compression and s06's retries and
-    guardrails), and its (status, answer, note)."""
+    """The child's loop (with s05's compression, s06's retries): (status, answer, note)."""
     try:
         stopped = run_conversation(child.client, child.model, child.messages,
                                    MAX_CHILD_ITERATIONS, child_event_handler(child),
                                    child.tools, child.parent.session.context_length,
                                    child.parent.session.recovery, budget=child.budget)
-    except KeyboardInterrupt:                   # stop_if_requested(): the parent's Ctrl-C
+    except KeyboardInterrupt:                   # child_event_handler(): the parent's Ctrl-C
         return "interrupted", "", "stopped by the user (Ctrl-C)"
     except (openai.OpenAIError, json.JSONDecodeError) as exc:
-        return "error", "", explain_api_failure(
-            exc, str(child.client.base_url), child.model)
+        return "error", "", explain_api_failure(exc, str(child.client.base_url), child.model)
     return child_outcome(child, stopped)
 
 #: hardened
@@ -397,31 +402,25 @@ def child_loop(child: Child) -> tuple[str, str, str]:
 
 #: teaching
 def run_children(parent: Delegator, children: list) -> list[dict]:
-    """Start every child in its own thread and wait for all of them. While they work,
-    the parent's heartbeat says it is alive. Ctrl-C stops them: no child makes another
-    model or tool call."""
-    settings = parent.session.delegation
+    """Start every child in its own thread and wait for all of them, touching the parent
+    (the heartbeat) while they work. Ctrl-C stops them: no more model or tool calls."""
     try:
         for child in children:
-            # A new, empty context: the thread sets its own approvals, depth and stop event.
+            # A new, empty context: the thread sets its own approvals and depth.
             threading.Thread(target=contextvars.Context().run, args=(run_child, child),
                              daemon=True).start()
-        beat = time.monotonic() + settings.heartbeat_interval
-        while not all(child.finished.wait(0.1) for child in children):  # Ctrl-C: in between
-            if time.monotonic() < beat:
-                continue
-            beat += settings.heartbeat_interval
-            parent.touch(f"{len(children)} sub-agent(s) working, "
-                         f"{sum(child.budget.used for child in children)} model call(s) so far")
-    except BaseException:                       # Ctrl-C, or a thread that could not start
-        with PROGRESS_LOCK:                     # no child's line after the closing line
-            for child in children:
-                child.stop.set()                # a running command still ends on its own
-        close_tree(parent, children, stopped=True)
-        raise
-    close_tree(parent, children)
-    return [child.result or child_result(child, "error", "", "the sub-agent failed")
-            for child in children]
+        for child in children:                  # Ctrl-C interrupts the wait
+            while not child.finished.wait(parent.session.delegation.heartbeat_interval):
+                parent.touch(f"{len(children)} sub-agent(s) working, "
+                             f"{sum(c.budget.used for c in children)} model call(s) so far")
+    finally:                                    # also after Ctrl-C or a failed start:
+        with PROGRESS_LOCK:                     # stop the children that still run (their
+            for child in children:              # command ends on its own), then close the
+                child.stop.set()                # tree: no child's line comes after that
+        done = sum(bool(c.result) and c.result["status"] == "completed" for c in children)
+        parent.on_progress({"event": "closed", "count": len(children), "completed": done,
+                            "stopped": not all(c.finished.is_set() for c in children)})
+    return [child.result for child in children]     # run_child() always sets it
 
 #: hardened
 def run_children(parent: Delegator, children: list) -> list[dict]:
@@ -448,6 +447,7 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
             for child in children]
 
 
+#: hardened
 def close_tree(parent: Delegator, children: list, stopped: bool = False) -> None:
     """The progress tree's one closing line, last: no child reports any more."""
     done = sum(bool(child.result) and child.result["status"] == "completed"
@@ -456,6 +456,16 @@ def close_tree(parent: Delegator, children: list, stopped: bool = False) -> None
                         "stopped": stopped})
 
 
+#: teaching
+class DelegationSettings:
+    """How this agent delegates, fixed at start-up (stale_beats: the hardened heartbeat's)."""
+
+    def __init__(self, budget_mode="shared", child_approvals="deny",
+                 heartbeat_interval=HEARTBEAT_INTERVAL, stale_beats=HEARTBEAT_STALE_BEATS):
+        self.budget_mode, self.child_approvals = budget_mode, child_approvals
+        self.heartbeat_interval, self.stale_beats = heartbeat_interval, stale_beats
+
+#: hardened
 class DelegationSettings:
     """How this agent delegates, fixed by main() at start-up."""
 
@@ -468,6 +478,19 @@ class DelegationSettings:
         self.stale_beats = stale_beats
 
 
+#: teaching
+class Delegator:
+    """The agent that calls delegate_task, during one turn: its session (endpoint, model,
+    tools, settings), the turn's budget, its depth and where child progress goes."""
+
+    def __init__(self, session, budget: IterationBudget, depth: int = 0, on_progress=None):
+        self.session, self.budget, self.depth = session, budget, depth
+        self.on_progress = on_progress or (lambda event: None)
+
+    def touch(self, activity: str) -> None:     # the heartbeat: /delegation shows it
+        self.session.last_activity = (time.monotonic(), activity)
+
+#: hardened
 class Delegator:
     """The agent that calls delegate_task, during one turn: its session (endpoint, model,
     tools, settings), the turn's budget, its depth and where child progress goes."""
@@ -491,12 +514,9 @@ class Delegator:
 def child_state_problem(real: Path) -> str | None:
     """Why a sub-agent's write_file or patch may not write `real`: nothing in the
     agent's state folder (memory, skills, sessions), as it has no memory tool."""
-    delegation = DELEGATION.get()
-    if delegation is None or delegation.depth == 0:     # the parent's own writes
-        return None
-    home = Path(os.path.realpath(hermes_home()))
-    if real != home and home not in real.parents:
-        return None
+    delegation, home = DELEGATION.get(), Path(os.path.realpath(hermes_home()))
+    if not delegation or not delegation.depth or (real != home and home not in real.parents):
+        return None                             # the parent's own writes, or another folder
     return (f"is in the agent's state folder {tilde(home)}: a sub-agent never changes the "
             f"agent's memory, skills or sessions")
 
@@ -518,6 +538,7 @@ def child_state_problem(real: Path) -> str | None:
             f"agent's memory, skills or sessions")
 
 
+#: hardened
 def stop_if_requested() -> None:
     """In a child's thread, once its parent has stopped it: raise what Ctrl-C raises in
     the main thread, so the same clean-up runs: every open tool call is answered."""
@@ -528,8 +549,7 @@ def stop_if_requested() -> None:
 
 #: teaching
 def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
-    """The model's arguments as a list of {goal, context, toolsets}, or what is wrong.
-    The door checked the arguments' types; this checks the tasks inside `tasks`."""
+    """The model's arguments as a list of {goal, context, toolsets}, or what is wrong."""
     if tasks is None and goal is None:
         return [], "give a goal, or tasks (a list of up to 3 {goal, context, toolsets})."
     if tasks is not None and (goal, context, toolsets) != (None, None, None):
@@ -544,18 +564,18 @@ def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     for task in tasks:
         task = task if isinstance(task, dict) else {}
         unknown = sorted(set(task) - {"goal", "context", "toolsets"})
+        names = list(DEFAULT_CHILD_TOOLSETS) if task.get("toolsets") is None else task["toolsets"]
         if unknown:
             return [], (f"unexpected field(s) {', '.join(unknown)}; a task has goal, "
                         f"context, toolsets.")
         if not isinstance(task.get("goal"), str) or not task["goal"].strip():
             return [], "goal must be a non-empty string."
-        names = task.get("toolsets")
-        if names is not None and not isinstance(names, list):
+        if not isinstance(names, list):
             return [], "toolsets must be a list of toolset names."
-        if names == []:                         # never "no toolsets, so every tool"
+        if not names:                           # never "no toolsets, so every tool"
             return [], "toolsets is empty: name the toolsets the sub-agent needs."
         specs.append({"goal": task["goal"], "context": str(task.get("context") or ""),
-                      "toolsets": list(DEFAULT_CHILD_TOOLSETS) if names is None else names})
+                      "toolsets": names})
     return specs, None
 
 #: hardened
@@ -581,11 +601,20 @@ def task_specs(goal, context, toolsets, tasks) -> tuple[list, str | None]:
     return specs, None
 
 
+#: hardened
 def toolset_of(tool: dict) -> str | None:
     entry = REGISTRY.get(tool["function"]["name"])
     return entry.toolset if entry is not None else None
 
 
+#: teaching
+def child_tools(parent_tools: list, toolsets: list) -> list:
+    """The parent's offered tools whose toolset was asked for, minus the blocked ones."""
+    return [tool for tool in parent_tools
+            if (name := tool["function"]["name"]) not in DELEGATE_BLOCKED_TOOLS
+            and REGISTRY.get(name).toolset in toolsets]
+
+#: hardened
 def child_tools(parent_tools: list, toolsets: list) -> list:
     """The parent's offered tools whose toolset was asked for, minus the blocked ones."""
     return [tool for tool in parent_tools
@@ -595,14 +624,11 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
 
 #: teaching
 class ChildApprovals:
-    """A child's approval context: the parent's policy object with the child's own
-    session id. Nobody can be asked: YOLO, mode off and the smart reviewer never approve
-    for it; its dangerous commands are denied (--child-approvals once: approved once).
-    An ApprovalContext of its own does the rest (composition: it is defined further down)."""
+    """A child's approval context: the parent's policy, its own session id, and nobody to
+    ask. An ApprovalContext of its own does the rest (it is defined further down)."""
 
     def __init__(self, child: Child):
-        self.context = ApprovalContext(child.permissions, child, read_answer=None)
-        self.child = child
+        self.context, self.child = ApprovalContext(child.permissions, child, None), child
 
     def __getattr__(self, name: str):
         return getattr(self.context, name)      # permissions, session_id, ...
@@ -614,14 +640,12 @@ class ChildApprovals:
         return False                            # a model's verdict is no person's answer
 
     def ask(self, command: str, findings: list[Finding], choices: tuple) -> tuple[str, str]:
-        once = self.child.parent.session.delegation.child_approvals == "once"
-        if once and "session" in choices:       # never a finding only a person may approve
-            show_approval_note(f"[sub-agent {self.child.index}] approved once without asking "
-                               f"(--child-approvals once): {described(findings)}")
-            return "once", ""
-        show_approval_note(f"[sub-agent {self.child.index}] denied: {described(findings)}")
-        return "deny", ("a sub-agent has nobody to ask, and its dangerous commands are "
-                        "denied (--child-approvals deny)")
+        once = self.child.parent.session.delegation.child_approvals == "once" \
+            and "session" in choices            # never a finding only a person may approve
+        said = "approved once without asking (--child-approvals once)" if once else "denied"
+        show_approval_note(f"[sub-agent {self.child.index}] {said}: {described(findings)}")
+        return ("once", "") if once else ("deny", "a sub-agent has nobody to ask, and its "
+                                          "dangerous commands are denied (--child-approvals deny)")
 
 #: hardened
 class ChildApprovals:
@@ -665,8 +689,13 @@ def child_event_handler(child: Child):
     """The child's loop events as progress events for the parent's tree."""
     def on_event(kind: str, data: dict) -> None:
         if kind == "tool_call":
+            if child.stop.is_set():             # Ctrl-C: raise what it raises in the main
+                raise KeyboardInterrupt         # thread; the loop answers every open call
             child.tool_calls += 1
-            child.emit("tool_started", tool=data["name"], preview=call_preview(data["arguments"]))
+            arguments, _ = parse_arguments("", data["arguments"])   # the door's: never raises
+            shown = next((value for value in (arguments or {}).values()
+                          if isinstance(value, str)), data["arguments"])
+            child.emit("tool_started", tool=data["name"], preview=preview(shown))
         elif kind == "tool_result":
             outcome = classify_tool_result(data["name"], data["result"])
             child.succeeded += outcome in ("ok", "landed")
@@ -690,6 +719,7 @@ def child_event_handler(child: Child):
     return on_event
 
 
+#: hardened
 def call_preview(arguments: str) -> str:
     """The first text argument of a call (a command, a path), short and with hidden
     characters made visible: a child's arguments are the model's text."""
@@ -715,10 +745,10 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
         return "interrupted", "", "stopped by the user (Ctrl-C)"
     if child.budget.used >= MAX_CHILD_ITERATIONS:
         return "iteration_limit", "", (f"stopped after {MAX_CHILD_ITERATIONS} model calls "
-                                            f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
+                                       f"(MAX_CHILD_ITERATIONS): the work may be unfinished")
     if child.budget.parent_ran_out:
         return "budget_exhausted", "", ("stopped: the turn's shared budget is spent "
-                                             "(--max-iterations): the work may be unfinished")
+                                        "(--max-iterations): the work may be unfinished")
     return "error", "", first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 
@@ -749,6 +779,7 @@ def partial_answer(child: Child) -> str:
                  if m.get("role") == "assistant" and m.get("content")), "")
 
 
+#: hardened
 def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     """What the parent receives: the final answer (capped), a status, a count. Never the
     child's messages."""
@@ -761,6 +792,18 @@ def child_result(child: Child, status: str, answer: str, note: str) -> dict:
     if note:
         result["note"] = note
     return result
+
+#: teaching
+def child_result(child: Child, status: str, answer: str, note: str) -> dict:
+    """What the parent receives: the final answer (capped), a status, counts, a note.
+    Never the child's messages."""
+    answer = safe_text(answer or "")
+    if len(answer) > MAX_CHILD_ANSWER_CHARS:
+        cut = len(answer) - MAX_CHILD_ANSWER_CHARS
+        answer = answer[:MAX_CHILD_ANSWER_CHARS] + f"\n[… {cut:,} more characters cut]"
+    return {"task": child.index, "goal": preview(child.goal), "status": status, "answer": answer,
+            "model_calls": child.budget.used, "tool_calls": child.tool_calls,
+            **({"note": note} if note else {})}
 
 #: section Delegation details | hardened
 
@@ -895,9 +938,8 @@ def stop_children(children: list) -> None:
 
 #: teaching
 def show_child_event(event: dict) -> None:
-    """A child's progress as a tree under the parent's delegate_task line, prefixed
-    [1], [2], [3] when several children run at once. Children finish in any order, so
-    only run_children()'s "closed" event, last, draws the closing └─."""
+    """A child's progress as a tree under the parent's delegate_task line, [1], [2], [3]
+    when several run. Only run_children()'s "closed" event, last, draws the closing └─."""
     tag, kind = f"[{event.get('index')}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
@@ -958,8 +1000,7 @@ def preview_line(text: str, limit: int = 100) -> str:
 
 #: teaching
 def delegation_summary(result: str) -> str | None:
-    """One line per child of a delegate_task result (the tree showed their work), and
-    the budget line; None when the result is an error."""
+    """One line per child of a delegate_task result, and the budget; None for an error."""
     data = parse_result(result) or {}
     if not isinstance(data.get("children"), list):
         return None
@@ -1075,12 +1116,9 @@ def demo_delegation(template: Session) -> None:
     """Two children at once, what a child may not do, then the two budgets."""
     Path("notes.txt").write_text("Sub-agents start with nothing but their goal.\n")
     for number, (title, limit, mode) in enumerate([
-            ("Two sub-agents at once, each with a fresh context; the parent receives only "
-             "their answers.", None, "shared"),
-            ("A sub-agent cannot delegate (not among its tools), and nobody can approve its "
-             "dangerous command: denied.", None, "shared"),
-            ("--max-iterations 4 and --child-budget shared: three children that need 2 "
-             "calls each.", 4, "shared"),
+            ("Two sub-agents at once; the parent receives only their answers.", None, "shared"),
+            ("A sub-agent cannot delegate, and its dangerous command is denied.", None, "shared"),
+            ("--max-iterations 4, --child-budget shared: 3 children, 2 calls each.", 4, "shared"),
             ("The same with --child-budget independent.", 4, "independent")], start=1):
         console.print(Text(f"\n{number}. {title}", style="bold"))
         session = restarted_session(template)
@@ -1147,6 +1185,49 @@ STAGE = "s10"
 STAGE_TITLE = "sub-agents with their own context, fewer tools and one shared budget"
 
 
+#: teaching
+def run_conversation(client, model: str, messages: list,
+                     max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
+                     context_length: int | None = None,
+                     recovery: RetryPolicy | None = None,
+                     budget: IterationBudget | None = None) -> str:
+    """The agent loop. Returns the final answer text.
+
+    The loop ends when the assistant message has no tool calls: we trust the
+    message itself, not finish_reason, which some servers report wrongly.
+    `tools` is the list of definitions offered (default: every available tool).
+    Before every model call, compress_context() keeps the messages inside the
+    model's `context_length` (s05).
+    `recovery` says how a failed model call is retried (see call_model()).
+    """
+    on_event = on_event or (lambda kind, data: None)
+    tools = REGISTRY.get_definitions() if tools is None else tools
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    strikes = 0                         # consecutive turns whose calls were all invalid
+    budget = budget or IterationBudget(max_iterations)  # one of each per user turn (s10:
+    guardrails = ToolCallGuardrails()                   # run_turn() passes the budget)
+    while budget.consume():
+        compress_context(client, model, messages, context_length, on_event=on_event,
+                         tools=tools)
+        response = call_model(client, model, messages, tools, recovery)
+        message = first_message(response)
+        messages.append(assistant_message_to_dict(message))
+        if not message.tool_calls:
+            return messages[-1]["content"]      # the stored text: safe to print
+        if run_tool_calls(message.tool_calls, messages, on_event, offered, guardrails):
+            strikes = 0
+        else:
+            strikes += 1
+        if guardrails.halted is not None:       # every call of this batch has its result
+            return halt_explanation(guardrails.halted)
+        if strikes >= MAX_INVALID_TURNS:
+            names = ", ".join(sorted({call_parts(call)[1] for call in message.tool_calls}))
+            return (f"[stopped: {strikes} turns in a row contained only invalid tool calls "
+                    f"(last: {names}). Ask again, or check the model's tool support.]")
+    return (f"[stopped: this turn reached its limit of {max_iterations} model call(s) "
+            f"(--max-iterations). Ask again to continue.]")
+
+#: hardened
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
                      context_length: int | None = None,
@@ -1192,6 +1273,7 @@ def run_conversation(client, model: str, messages: list,
             f"(--max-iterations). Ask again to continue.]")
 
 
+#: hardened
 def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
                    guardrails: ToolCallGuardrails | None = None) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
@@ -1233,6 +1315,35 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
     return not reader.is_alive()
 
 
+#: teaching
+class IterationBudget:
+    """How many model calls one user turn may make (--max-iterations). Thread-safe: s10's
+    sub-agents share one budget between threads, and two that both read "1 left" must not
+    both get it."""
+
+    def __init__(self, max_total: int):
+        self.max_total = max_total
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def consume(self, keep: int = 0) -> bool:
+        """Take one unit, leaving at least `keep` (s10: the parent's reserve); else False."""
+        with self._lock:
+            if self.used + keep >= self.max_total:
+                return False
+            self.used += 1
+            return True
+
+    def refund(self) -> None:
+        """Give one unit back, for a call that should not count; never below zero."""
+        with self._lock:
+            self.used = max(0, self.used - 1)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.max_total - self.used)
+
+#: hardened
 class IterationBudget:
     """How many model calls the agent loop may make. One budget per user turn, sized
     by --max-iterations; each call of the loop consumes one unit, auxiliary calls
@@ -1364,6 +1475,17 @@ class ApprovalContext:
         return choice
 
 
+#: teaching
+def write_refusal(target: Path) -> str | None:
+    """Why write_file or patch may not write `target`, as the tool's refusal; None if it
+    may. The resolved path counts: links are followed, also to a file not there yet."""
+    real = Path(os.path.realpath(target))
+    problem = protected_path_problem(real) or write_root_problem(real) or child_state_problem(real)
+    if problem is None:
+        return None
+    return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
+
+#: hardened
 def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
@@ -1374,6 +1496,40 @@ def write_refusal(target: Path) -> str | None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /memory        the memory files as they are on disk, and how full they are
+  /skills        the skills a new session's index lists, and any that are not usable
+  /permissions   the approval mode, YOLO, timeout, write root and what is approved
+  /yolo          YOLO on or off for this session only (never for hardline commands)
+  /delegation    how sub-agents run: budget, limits, approvals, heartbeat
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool (through the gate)
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
+  remember <fact>        save a note with the memory tool (MEMORY.md)
+  remember about me: <fact>   save it to the user profile (USER.md)
+  skills                 list the skills with skills_list
+  skill <name>           load a skill with skill_view
+  delegate <goal>        a sub-agent does it (delegate_task); <goal> | <goal>: up to 3 at once"""
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -1461,6 +1617,26 @@ def show_event(kind: str, data: dict) -> None:
         show_compression_event(kind, data)
 
 
+#: teaching
+def run_turn(session: Session, user_text: str) -> bool:
+    """One user turn. Returns False if the model call failed. s10: the turn's budget."""
+    session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
+    budget = IterationBudget(session.max_iterations)
+    delegation = DELEGATION.set(Delegator(session, budget, 0, show_child_event))
+    try:
+        answer = run_conversation(session.client, session.model, session.messages,
+                                  session.max_iterations, show_event, session.tools,
+                                  session.context_length, session.recovery, budget)
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
+        line = explain_api_failure(exc, session.base_url, session.model)
+        err_console.print(Text("error: " + line, style="red"))
+        return False
+    finally:
+        DELEGATION.reset(delegation)
+    console.print(Text(answer))
+    return True
+
+#: hardened
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed. The turn's budget is
     made here, so that sub-agents started during the turn can pay from it (s10)."""
@@ -1492,8 +1668,7 @@ DEMO_INPUTS = ["delegate $ ls -F | $ cat notes.txt", "delegate delegate $ ls",
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
-    saved_folder = current_directory()
+    saved_environment, saved_folder = os.environ.copy(), current_directory()
     with tempfile.TemporaryDirectory(prefix="s10-demo-") as folder:
         try:
             enter_demo_folder(Path(folder))
@@ -1501,11 +1676,8 @@ def run_demo(session: Session) -> int:
                                f"state folder, and an rm that only prints.", style="dim"))
             with_approvals(Permissions(), session, demo_delegation)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            os.environ.clear()
+            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
@@ -1535,6 +1707,36 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--model", help=f"default: ${MODEL_ENV_VAR} or {DEFAULT_MODEL}")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    parser.add_argument("--max-iterations", type=positive_int, default=MAX_ITERATIONS)
+    parser.add_argument("--max-retries", type=non_negative_int, default=API_MAX_RETRIES)
+    parser.add_argument("--fallback-model", help="tried once when the retries are used up")
+    parser.add_argument("--fallback-base-url", help="endpoint for the fallback")
+    parser.add_argument("--toolsets", type=toolset_list, help="offer only these toolsets")
+    parser.add_argument("--disable-toolsets", type=toolset_list, help="never offer these")
+    parser.add_argument("--context-length", type=positive_int, default=DEFAULT_CONTEXT_LENGTH,
+                        metavar="TOKENS", help="the model's context window")
+    parser.add_argument("--yolo", action="store_true", help="dangerous commands run unasked")
+    parser.add_argument("--approval-mode", choices=APPROVAL_MODES, default="manual")
+    parser.add_argument("--approval-timeout", type=positive_int, default=APPROVAL_TIMEOUT)
+    parser.add_argument("--write-root", type=existing_folder, metavar="DIR")
+    parser.add_argument("--child-budget", choices=CHILD_BUDGET_MODES, default="shared")
+    parser.add_argument("--child-approvals", choices=CHILD_APPROVALS, default="deny")
+    parser.add_argument("--heartbeat-interval", type=positive_int, default=int(HEARTBEAT_INTERVAL))
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
+    resume.add_argument("--continue", dest="continue_session", action="store_true",
+                        help="continue the most recent session")
+    return parser.parse_args(argv)
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -1615,6 +1817,37 @@ def main(argv=None) -> int:
 OFFLINE_VERBS = "'delegate <goal>', '$ <command>' or 'read <path>'"
 
 
+#: teaching
+def offline_plan(text: str):
+    """Map learner input to (tool name, arguments), or None. `call` keeps the raw text."""
+    if text.startswith("$ "):
+        return "terminal", {"command": text[2:]}
+    verb, _, rest = text.partition(" ")
+    if verb == "read" and rest.strip():
+        return "read_file", {"path": rest.strip()}
+    if verb == "write" and " " in rest.strip():
+        path, _, content = rest.strip().partition(" ")
+        return "write_file", {"path": path, "content": content}
+    if verb == "call" and rest.strip():
+        name, _, raw_arguments = rest.strip().partition(" ")
+        return name, raw_arguments
+    if verb == "search" and rest.strip():
+        return "session_search", {"query": rest.strip()}
+    if verb == "remember" and rest.strip():
+        fact = rest.strip()
+        target = "user" if fact.startswith("about me:") else "memory"
+        return "memory", {"action": "add", "target": target,
+                          "content": fact.removeprefix("about me:").strip()}
+    if text == "skills":
+        return "skills_list", {}
+    if verb == "skill" and rest.strip():
+        return "skill_view", {"name": rest.strip()}
+    if verb == "delegate" and rest.strip():
+        tasks = [{"goal": goal.strip()} for goal in rest.split(" | ")]
+        return "delegate_task", tasks[0] if len(tasks) == 1 else {"tasks": tasks}
+    return None
+
+#: hardened
 def offline_plan(text: str):
     """Map learner input to (tool name, arguments), or None. `call` keeps the raw text."""
     if text.startswith("$ "):

@@ -1013,7 +1013,7 @@ def test_ctrl_c_returns_at_once_and_stopped_children_make_no_more_calls(stage, w
 def test_a_child_stopped_while_its_model_answers_runs_none_of_the_calls(stage, work):
     """The stop event is set while the child waits for its model; the answer that still
     arrives asks for a write and a command: neither runs, every call is answered, and the
-    child's status is interrupted (stop_if_requested() raised in its thread)."""
+    child's status is interrupted (its thread raised KeyboardInterrupt before the first call)."""
     asked, stopped = threading.Event(), threading.Event()
     late = reply("", call("write_file", {"path": "late.txt", "content": "x"}),
                  call("terminal", {"command": "echo ran > late.out"}))
