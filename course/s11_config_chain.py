@@ -4,11 +4,10 @@
 """s11 · Configuration chain — CLI > env > config.yaml > defaults, and who set what.
 
 What this stage adds
-    Every knob of the earlier stages is one row of SETTINGS. load_config() takes each
-    key from the strongest layer that sets it: a flag, a variable, config.yaml, the
-    default; a managed file locks the keys it sets. Every value knows its origin
-    (--show-config, /config) and is checked by convert(): a bad one stops the start.
-    approvals.deny rules block before YOLO; no tool changes a config file.
+    Every knob is one row of SETTINGS. load_config() takes each key from the strongest
+    layer that sets it; a managed file locks the keys it sets. Every value knows its
+    origin and is checked by convert(): a bad one stops the start. approvals.deny rules
+    block before YOLO; no tool changes a config file.
 
     managed file ──────────────── locks the keys it sets (a warning for each override)
         ▲ beats
@@ -18,9 +17,8 @@ What this stage adds
              key → Resolved(value, origin)  ──▶ --show-config, /config
 
 Reading guide
-    "[s11] Configuration chain" is the lesson: SETTINGS, load_config() and
-    resolve_settings(); then reading YAML and checking values (read_config_file(),
-    convert()), and where the values go. --show-config and /config are under
+    "[s11] Configuration chain" is the lesson (SETTINGS, load_config(), resolve_settings());
+    then read_config_file() and convert(), where the values go, and, in the plumbing,
     "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
     {changed elsewhere}
 Run
@@ -126,6 +124,23 @@ MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is re
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
 
 
+#: teaching
+class Setting(NamedTuple):
+    """One knob of the agent, as data: the chain, the flags and --show-config read it."""
+    key: str                    # dotted: approvals.mode is `approvals:` → `mode:` in YAML
+    kind: str                   # str, int, float, bool, choice, list, pair, folder
+    default: object
+    help: str
+    env: str | None = None      # the environment variable that sets it, if any
+    flag: str | None = None     # the command-line flag that sets it, if any
+    choices: tuple = ()         # choice: the values; list: the allowed items (() = any)
+    low: float | None = None    # int, float, pair: the smallest allowed value
+    high: float | None = None   # and the largest
+    unit: str = ""              # "seconds" reads better in help and errors
+    security: bool = False      # decides what runs or is written without asking
+    secret: bool = False        # never shown
+
+#: hardened
 class Setting(NamedTuple):
     """One knob of the agent, as data: the chain, --show-config and the chapter's table
     are all made from SETTINGS."""
@@ -152,9 +167,8 @@ def build_settings() -> tuple:
         S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
           "model)", "OPENAI_BASE_URL", "--base-url"),
         S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
-        S("tool_choice", "choice", "auto", 'auto: send tool_choice "auto" with the tools; omit: '
-          "leave it out (a server that refuses it)", TOOL_CHOICE_VAR, "--tool-choice",
-          choices=("auto", "omit")),
+        S("tool_choice", "choice", "auto", "omit: send no tool_choice (for a server that refuses "
+          "it)", TOOL_CHOICE_VAR, "--tool-choice", choices=("auto", "omit")),
         S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
           "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
         S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
@@ -171,46 +185,36 @@ def build_settings() -> tuple:
           "HERMES_FALLBACK_MODEL", "--fallback-model"),
         S("fallback.base_url", "str", None, "endpoint of the fallback (none: the same)",
           "HERMES_FALLBACK_BASE_URL", "--fallback-base-url"),
-        S("approvals.mode", "choice", "manual", "manual: ask; smart: a model reviews first; "
-          "off: never ask (hardline stays blocked)", "HERMES_APPROVAL_MODE", "--approval-mode",
-          choices=APPROVAL_MODES, security=True),
+        S("approvals.mode", "choice", "manual", "ask, a model reviews first, or never ask",
+          "HERMES_APPROVAL_MODE", "--approval-mode", choices=APPROVAL_MODES, security=True),
         S("approvals.timeout", "int", APPROVAL_TIMEOUT, "an unanswered approval prompt "
           "denies after this long", "HERMES_APPROVAL_TIMEOUT", "--approval-timeout", low=1,
           high=3600, unit="seconds", security=True),
         S("approvals.yolo", "bool", False, "run dangerous commands without asking (never "
           "hardline ones)", "HERMES_YOLO_MODE", "--yolo", security=True),
-        S("approvals.deny", "list", [], "glob patterns of commands that are always refused, "
-          "also with YOLO", security=True),
-        S("command_allowlist", "list", [], "finding keys approved for good, added to "
-          "allowlist.json's", security=True),
+        S("approvals.deny", "list", [], "command globs refused even with YOLO", security=True),
+        S("command_allowlist", "list", [], "finding keys approved for good", security=True),
         S("write_root", "folder", None, "write_file and patch write only inside this folder",
           "HERMES_WRITE_ROOT", "--write-root", security=True),
         *(S(f"guardrails.{kind}", "pair", list(GUARDRAIL_THRESHOLDS[kind]), f"{kind} "
             f"repeats: warn at, stop at", low=1, high=100) for kind in GUARDRAIL_THRESHOLDS),
-        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "characters MEMORY.md may hold",
-          low=100, high=100_000),
-        S("memory.user_chars", "int", USER_CHAR_LIMIT, "characters USER.md may hold", low=100,
-          high=100_000),
-        S("delegation.child_budget", "choice", "shared", "shared: sub-agents' calls come out "
-          "of the turn's budget; independent: their own", "HERMES_CHILD_BUDGET",
-          "--child-budget", choices=CHILD_BUDGET_MODES),
-        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands: "
-          "deny, or approve once", "HERMES_CHILD_APPROVALS", "--child-approvals",
-          choices=CHILD_APPROVALS, security=True),
+        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "MEMORY.md size", low=100, high=100_000),
+        S("memory.user_chars", "int", USER_CHAR_LIMIT, "USER.md size", low=100, high=100_000),
+        S("delegation.child_budget", "choice", "shared", "sub-agents' calls: the turn's budget "
+          "or their own", "HERMES_CHILD_BUDGET", "--child-budget", choices=CHILD_BUDGET_MODES),
+        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands",
+          "HERMES_CHILD_APPROVALS", "--child-approvals", choices=CHILD_APPROVALS, security=True),
         S("delegation.max_child_iterations", "int", MAX_CHILD_ITERATIONS, "model calls one "
           "sub-agent may make", low=1, high=100),
-        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "a working "
-          "sub-agent tells the parent it is alive this often", "HERMES_HEARTBEAT_INTERVAL",
-          "--heartbeat-interval", low=1, high=3600, unit="seconds"),
+        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "sub-agents' heartbeat",
+          "HERMES_HEARTBEAT_INTERVAL", "--heartbeat-interval", low=1, high=3600, unit="seconds"),
         S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
           "progress before the heartbeat stops", low=1, high=1000),
-        *stage_settings())
+        *MORE_SETTINGS)
 
 
 #: teaching
-def stage_settings() -> tuple:
-    """The rows a later stage adds to SETTINGS: it redefines this function (s11: none)."""
-    return ()
+MORE_SETTINGS: tuple = ()   # the rows a later stage adds to SETTINGS: it redefines this
 
 
 #: hardened
@@ -418,7 +422,10 @@ def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict,
                 errors.append(f"{entry.where}: {entry.key}: {exc}")
                 continue
             resolved[entry.key] = Resolved(value, entry.origin)
-    warnings.extend(lock_warnings(layers, managed))
+    locked = {entry.key: entry.where for entry in managed}     # a warning for each override
+    warnings.extend(f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
+                    f"configuration ({locked[entry.key]})"
+                    for entries in layers for entry in entries if entry.key in locked)
     return resolved, errors
 
 
@@ -450,15 +457,6 @@ def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[
     if user.origin == "default":
         return managed_value, managed_origin
     return list(dict.fromkeys([*managed_value, *user.value])), f"{managed_origin} + {user.origin}"
-
-
-#: teaching
-def lock_warnings(layers: list, managed: list) -> list[str]:
-    """One warning for each value that a managed key overrides."""
-    locked = {entry.key: entry.where for entry in managed}
-    return [f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
-            f"configuration ({locked[entry.key]})"
-            for entries in layers for entry in entries if entry.key in locked]
 
 
 #: hardened
@@ -533,8 +531,7 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
+        line = f":{exc.problem_mark.line + 1}" if getattr(exc, "problem_mark", None) else ""
         raise ConfigError(f"{shown}{line}: not valid YAML "
                           f"({getattr(exc, 'problem', None) or first_line(exc)})") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == YAML_NULL):
@@ -808,6 +805,16 @@ def in_range(setting: Setting, value) -> None:
         raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, got {value:,}")
 
 
+#: teaching
+def expected(setting: Setting) -> str:
+    """What a value of this setting looks like, for errors and help."""
+    return {"int": f"whole {setting.unit}" if setting.unit else "a whole number",
+            "float": "a number", "bool": "true or false", "str": "text",
+            "choice": f"one of {', '.join(setting.choices)}", "folder": "an existing folder",
+            "list": "a list" + (f" of {', '.join(setting.choices)}" if setting.choices else ""),
+            "pair": "two whole numbers: warn at, stop at"}[setting.kind]
+
+#: hardened
 def expected(setting: Setting) -> str:
     """What a value of this setting looks like, for errors and help."""
     return {"int": f"whole {setting.unit}" if setting.unit else "a whole number",
@@ -1194,20 +1201,18 @@ DEMO_LAYERS = [     # what the demo adds, weakest layer first: (label, file text
 #: teaching
 DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables, its flags)
     ("nothing set", {}, {}, []),
-    ("config.yaml: approvals: timeout: 45", {CONFIG_FILE_NAME: "approvals: {timeout: 45}"},
-     {}, []),
+    ("config.yaml: approvals: timeout: 45", {"config.yaml": "approvals: {timeout: 45}"}, {}, []),
     ("HERMES_APPROVAL_TIMEOUT=30", {}, {"HERMES_APPROVAL_TIMEOUT": "30"}, []),
     ("--approval-timeout 20", {}, {}, ["--approval-timeout", "20"]),
     ("the managed file: timeout: 10", {"managed.yaml": "approvals: {timeout: 10}"},
-     {MANAGED_ENV_VAR: "managed.yaml"}, []),
-]
+     {MANAGED_ENV_VAR: "managed.yaml"}, [])]
 
 
 #: teaching
 def demo_chain(session: Session) -> None:
     key = "approvals.timeout"
-    console.print(Text(f"\n1. One key, four layers. Each step adds a layer that sets {key}; "
-                       f"the strongest one wins:", style="bold"))
+    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
+                       style="bold"))
     environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
     for label, files, variables, flags in DEMO_LAYERS:
         for name, text in files.items():
@@ -1269,10 +1274,9 @@ def demo_mistakes(session: Session) -> None:
 
 #: teaching
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n2. A deny rule beats YOLO, and no tool changes a config file. "
-                       "config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}", style="bold"))
-    (hermes_home() / CONFIG_FILE_NAME).write_text("approvals: {yolo: true, deny: ['rm -rf *']}\n",
-                                                  encoding="utf-8")
+    rules = "approvals: {yolo: true, deny: ['rm -rf *']}"
+    console.print(Text(f"\n2. A deny rule beats YOLO. config.yaml: {rules}", style="bold"))
+    (hermes_home() / CONFIG_FILE_NAME).write_text(rules + "\n", encoding="utf-8")
     config = load_config(parse_args([]), {"LEARN_HERMES_HOME": str(hermes_home())})
     with_approvals(permissions_from_config(config), session,
                    lambda session: [demo_turn(session, line) for line in DEMO_INPUTS])
@@ -1341,12 +1345,11 @@ def checked_config(args) -> Config | None:
     """The chain, its warnings shown; None (after the errors) if the agent may not start."""
     try:
         config = load_config(args)
+        lines = config.warnings
     except ConfigError as exc:      # the warnings first: 'aprovals.mode' may be the reason
-        for line in [*exc.warnings, *(f"error: {line}" for line in str(exc).splitlines())]:
-            err_console.print(Text(line, style="yellow" if line.startswith("warning") else "red"))
-        return None                 # the agent does not start: no bad value becomes a default
-    for warning in config.warnings:
-        err_console.print(Text(warning, style="yellow"))
+        config, lines = None, [*exc.warnings, *(f"error: {line}" for line in str(exc).splitlines())]
+    for line in lines:              # errors: None, the agent does not start (no silent default)
+        err_console.print(Text(line, style="yellow" if line.startswith("warning") else "red"))
     return config
 
 #: hardened
@@ -1448,10 +1451,9 @@ def toggle_yolo(session: Session, argument: str) -> None:
     file locked approvals.yolo (s11)."""
     context = approval_context()
     switched = context.permissions.session_yolo     # the session ids where /yolo turned it on
-    if context.permissions.yolo_locked:
-        console.print(Text(f"YOLO is locked by the managed configuration "
-                           f"({context.permissions.yolo_locked}); /yolo cannot change it",
-                           style="yellow"))
+    if locked := context.permissions.yolo_locked:
+        console.print(Text(f"YOLO is locked by the managed configuration ({locked}); /yolo "
+                           f"cannot change it", style="yellow"))
         return
     if context.yolo_source() and session.session_id not in switched:
         console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
@@ -1827,9 +1829,7 @@ The offline model understands:
 
 
 #: teaching
-DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
-               "write ../state/config.yaml approvals: {mode: off}",
-               "$ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml"]
+DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build"]
 #: hardened
 DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
                "write ../state/config.yaml approvals: {mode: off}",
@@ -1883,6 +1883,30 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
+        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used. "
+               f"Settings: {CHAIN_ORDER}")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
+    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
+                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print every setting, its value and where it came from; exit")
+    for setting in SETTINGS:
+        if setting.flag:
+            add_setting_flag(parser, setting)
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
+    resume.add_argument("--continue", dest="continue_session", action="store_true",
+                        help="continue the most recent session")
+    return parser.parse_args(argv)
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -1908,6 +1932,25 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+#: teaching
+def open_session(args, config: Config) -> Session:
+    """Real endpoint if configured, otherwise the offline model on a loopback port."""
+    # The demo keeps its own temporary store; everything else uses $LEARN_HERMES_HOME.
+    store = None if args.demo else open_store(hermes_home() / STATE_DB_NAME)
+    ActiveSession.store = store             # before choosing tools: session_search needs it
+    tools = REGISTRY.get_definitions(config["toolsets"], config["disabled_toolsets"])
+    limits = (config["max_iterations"], tools, store, config["compression.context_length"])
+    if config.offline:                      # --offline, --demo, or no key and no endpoint
+        server = start_offline_server()
+        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
+        return Session(make_client(server.url, "offline"), "offline", server.url, *limits)
+    client = make_client(config["base_url"], config["api_key"])
+    return Session(client, config["model"], str(client.base_url), *limits)
+
+#: hardened
 def open_session(args, config: Config) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url, api_key = config["base_url"], config["api_key"]
