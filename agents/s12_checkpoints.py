@@ -4243,8 +4243,7 @@ def skills_part(prompt: str) -> str:
 
 
 def toggle_yolo(session: Session, argument: str) -> None:
-    """/yolo: YOLO on or off for the current session id only; never when the managed
-    file locked approvals.yolo (s11)."""
+    """/yolo: YOLO on or off for this session only; never if the managed file locks it (s11)."""
     context = approval_context()
     switched = context.permissions.session_yolo     # the session ids where /yolo turned it on
     if locked := context.permissions.yolo_locked:
