@@ -4,11 +4,10 @@
 """s11 · Configuration chain — CLI > env > config.yaml > defaults, and who set what.
 
 What this stage adds
-    Every knob of the earlier stages is one row of SETTINGS. load_config() takes each
-    key from the strongest layer that sets it: a flag, a variable, config.yaml, the
-    default; a managed file locks the keys it sets. Every value knows its origin
-    (--show-config, /config) and is checked by convert(): a bad one stops the start.
-    approvals.deny rules block before YOLO; no tool changes a config file.
+    Every knob is one row of SETTINGS. load_config() takes each key from the strongest
+    layer that sets it; a managed file locks the keys it sets. Every value knows its
+    origin and is checked by convert(): a bad one stops the start. approvals.deny rules
+    block before YOLO; no tool changes a config file.
 
     managed file ──────────────── locks the keys it sets (a warning for each override)
         ▲ beats
@@ -18,9 +17,8 @@ What this stage adds
              key → Resolved(value, origin)  ──▶ --show-config, /config
 
 Reading guide
-    "[s11] Configuration chain" is the lesson: SETTINGS, load_config() and
-    resolve_settings(); then reading YAML and checking values (read_config_file(),
-    convert()), and where the values go. --show-config and /config are under
+    "[s11] Configuration chain" is the lesson (SETTINGS, load_config(), resolve_settings());
+    then read_config_file() and convert(), where the values go, and, in the plumbing,
     "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
     {changed elsewhere}
 Run
@@ -126,6 +124,23 @@ MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is re
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
 
 
+#: teaching
+class Setting(NamedTuple):
+    """One knob of the agent, as data: the chain, the flags and --show-config read it."""
+    key: str                    # dotted: approvals.mode is `approvals:` → `mode:` in YAML
+    kind: str                   # str, int, float, bool, choice, list, pair, folder
+    default: object
+    help: str
+    env: str | None = None      # the environment variable that sets it, if any
+    flag: str | None = None     # the command-line flag that sets it, if any
+    choices: tuple = ()         # choice: the values; list: the allowed items (() = any)
+    low: float | None = None    # int, float, pair: the smallest allowed value
+    high: float | None = None   # and the largest
+    unit: str = ""              # "seconds" reads better in help and errors
+    security: bool = False      # decides what runs or is written without asking
+    secret: bool = False        # never shown
+
+#: hardened
 class Setting(NamedTuple):
     """One knob of the agent, as data: the chain, --show-config and the chapter's table
     are all made from SETTINGS."""
@@ -143,6 +158,66 @@ class Setting(NamedTuple):
     secret: bool = False        # never shown
 
 
+#: teaching
+def build_settings() -> tuple:
+    toolsets = tuple(REGISTRY.toolsets())
+    S = Setting
+    return (
+        S("model", "str", DEFAULT_MODEL, "the model's name", MODEL_ENV_VAR, "--model"),
+        S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
+          "model)", "OPENAI_BASE_URL", "--base-url"),
+        S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
+        S("tool_choice", "choice", "auto", "omit: send no tool_choice (for a server that refuses "
+          "it)", TOOL_CHOICE_VAR, "--tool-choice", choices=("auto", "omit")),
+        S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
+          "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
+        S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
+          "--toolsets", choices=toolsets),
+        S("disabled_toolsets", "list", [], "never offer these toolsets",
+          "HERMES_DISABLED_TOOLSETS", "--disable-toolsets", choices=toolsets),
+        S("compression.context_length", "int", DEFAULT_CONTEXT_LENGTH, "the model's context "
+          "window in tokens", "HERMES_CONTEXT_LENGTH", "--context-length", low=1, high=10**8),
+        S("compression.threshold", "float", COMPRESSION_THRESHOLD, "compress above this "
+          "share of the context window", "HERMES_COMPRESSION_THRESHOLD", low=0.1, high=0.95),
+        S("retries.max", "int", API_MAX_RETRIES, "retries of a failed model call",
+          "HERMES_MAX_RETRIES", "--max-retries", low=0, high=10),
+        S("fallback.model", "str", None, "tried once when the retries are used up",
+          "HERMES_FALLBACK_MODEL", "--fallback-model"),
+        S("fallback.base_url", "str", None, "endpoint of the fallback (none: the same)",
+          "HERMES_FALLBACK_BASE_URL", "--fallback-base-url"),
+        S("approvals.mode", "choice", "manual", "ask, a model reviews first, or never ask",
+          "HERMES_APPROVAL_MODE", "--approval-mode", choices=APPROVAL_MODES, security=True),
+        S("approvals.timeout", "int", APPROVAL_TIMEOUT, "an unanswered approval prompt "
+          "denies after this long", "HERMES_APPROVAL_TIMEOUT", "--approval-timeout", low=1,
+          high=3600, unit="seconds", security=True),
+        S("approvals.yolo", "bool", False, "run dangerous commands without asking (never "
+          "hardline ones)", "HERMES_YOLO_MODE", "--yolo", security=True),
+        S("approvals.deny", "list", [], "command globs refused even with YOLO", security=True),
+        S("command_allowlist", "list", [], "finding keys approved for good", security=True),
+        S("write_root", "folder", None, "write_file and patch write only inside this folder",
+          "HERMES_WRITE_ROOT", "--write-root", security=True),
+        *(S(f"guardrails.{kind}", "pair", list(GUARDRAIL_THRESHOLDS[kind]), f"{kind} "
+            f"repeats: warn at, stop at", low=1, high=100) for kind in GUARDRAIL_THRESHOLDS),
+        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "MEMORY.md size", low=100, high=100_000),
+        S("memory.user_chars", "int", USER_CHAR_LIMIT, "USER.md size", low=100, high=100_000),
+        S("delegation.child_budget", "choice", "shared", "sub-agents' calls: the turn's budget "
+          "or their own", "HERMES_CHILD_BUDGET", "--child-budget", choices=CHILD_BUDGET_MODES),
+        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands",
+          "HERMES_CHILD_APPROVALS", "--child-approvals", choices=CHILD_APPROVALS, security=True),
+        S("delegation.max_child_iterations", "int", MAX_CHILD_ITERATIONS, "model calls one "
+          "sub-agent may make", low=1, high=100),
+        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "sub-agents' heartbeat",
+          "HERMES_HEARTBEAT_INTERVAL", "--heartbeat-interval", low=1, high=3600, unit="seconds"),
+        S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
+          "progress before the heartbeat stops", low=1, high=1000),
+        *MORE_SETTINGS)
+
+
+#: teaching
+MORE_SETTINGS: tuple = ()   # the rows a later stage adds to SETTINGS: it redefines this
+
+
+#: hardened
 def build_settings() -> tuple:
     toolsets = tuple(REGISTRY.toolsets())
     S = Setting
@@ -207,6 +282,15 @@ def build_settings() -> tuple:
     )
 
 
+#: teaching
+class ConfigError(ValueError):
+    """A value or a file the chain cannot use; `warnings`: the chain's warnings until then."""
+
+    def __init__(self, message: str, warnings=()):
+        super().__init__(message)
+        self.warnings = list(warnings)
+
+#: hardened
 class ConfigError(ValueError):
     """A value or a file the chain cannot use. The message names where it came from;
     `warnings` are the chain's warnings until then (an unknown key may explain it)."""
@@ -229,6 +313,25 @@ class Resolved(NamedTuple):
     origin: str                 # "default", "--approval-mode", "config.yaml:approvals.mode", ...
 
 
+#: teaching
+class Config:
+    """The effective settings of this run, each with where it came from."""
+
+    def __init__(self, resolved: dict, home: Path, base: Path, files: list, warnings: list):
+        self.resolved = resolved
+        self.home = home                # the state folder: base, or a profile's folder in it
+        self.base = base                # $LEARN_HERMES_HOME, or ~/.learn-hermes
+        self.files = files              # the config files read: protected from the agent
+        self.warnings = warnings
+        self.offline: str | None = None   # why the offline model answers; None: an endpoint
+
+    def __getitem__(self, key: str):
+        return self.resolved[key].value
+
+    def origin(self, key: str) -> str:
+        return self.resolved[key].origin
+
+#: hardened
 class Config:
     """The effective settings of this run, each with where it came from, and the files
     and home the chain read them from."""
@@ -257,7 +360,10 @@ def load_config(args, environ=os.environ) -> Config:
     """The chain for one run: every setting from the strongest layer that sets it.
     managed (locks) > command line > environment > config.yaml > default."""
     base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
-    home = profile_home(base, args.profile) if args.profile is not None else base
+    if args.profile is not None and not PROFILE_NAME.fullmatch(args.profile):
+        raise ConfigError(f"--profile: expected a name of a-z, 0-9, - and _ (at most 64 "
+                          f"characters, first a letter or digit), got {args.profile!r}")
+    home = base / PROFILES_DIR_NAME / args.profile if args.profile is not None else base
     path = Path(args.config).expanduser() if args.config else home / CONFIG_FILE_NAME
     warnings: list[str] = []
     user = read_config_file(path, path.name, environ, warnings, required=bool(args.config))
@@ -270,7 +376,9 @@ def load_config(args, environ=os.environ) -> Config:
         raise ConfigError("\n".join(errors), warnings)
     files = [file for file in (path, managed_path) if file is not None and file.exists()]
     config = Config(resolved, home, base, files, warnings)
-    config.offline = offline_reason(args, config)
+    if args.offline or args.demo or not (config["base_url"] or config["api_key"]):
+        config.offline = "--offline" if args.offline else "--demo" if args.demo else \
+            "no OPENAI_API_KEY or OPENAI_BASE_URL"     # why the offline model answers
     return config
 
 #: hardened
@@ -314,7 +422,10 @@ def resolve_settings(layers: list, managed: list, warnings: list) -> tuple[dict,
                 errors.append(f"{entry.where}: {entry.key}: {exc}")
                 continue
             resolved[entry.key] = Resolved(value, entry.origin)
-    warnings.extend(lock_warnings(layers, managed))
+    locked = {entry.key: entry.where for entry in managed}     # a warning for each override
+    warnings.extend(f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
+                    f"configuration ({locked[entry.key]})"
+                    for entries in layers for entry in entries if entry.key in locked)
     return resolved, errors
 
 
@@ -348,15 +459,6 @@ def additive(user: Resolved, managed_value: list, managed_origin: str) -> tuple[
     return list(dict.fromkeys([*managed_value, *user.value])), f"{managed_origin} + {user.origin}"
 
 
-#: teaching
-def lock_warnings(layers: list, managed: list) -> list[str]:
-    """One warning for each value that a managed key overrides."""
-    locked = {entry.key: entry.where for entry in managed}
-    return [f"warning: {entry.origin} is ignored: {entry.key} is locked by the managed "
-            f"configuration ({locked[entry.key]})"
-            for entries in layers for entry in entries if entry.key in locked]
-
-
 #: hardened
 def lock_warnings(layers: list, managed: list) -> list[str]:
     """One warning for each value that a managed key overrides."""
@@ -377,6 +479,7 @@ def flag_entries(args) -> list[Entry]:
             if s.flag and getattr(args, s.key, None) is not None]
 
 
+#: hardened
 def profile_home(base: Path, name: str) -> Path:
     if not PROFILE_NAME.fullmatch(name):
         raise ConfigError(f"--profile: expected a name of a-z, 0-9, - and _ (at most 64 "
@@ -384,6 +487,16 @@ def profile_home(base: Path, name: str) -> Path:
     return base / PROFILES_DIR_NAME / name
 
 
+#: teaching
+def managed_file(environ) -> Path | None:
+    """The system file whenever it exists (a user's variable cannot lift its locks), else
+    the file $LEARN_HERMES_MANAGED names: a class or a test can try it without root."""
+    if DEFAULT_MANAGED_FILE.is_file():
+        return DEFAULT_MANAGED_FILE
+    named = environ.get(MANAGED_ENV_VAR, "").strip()
+    return Path(named).expanduser() if named else None
+
+#: hardened
 def managed_file(environ) -> Path | None:
     """The system file whenever it exists: a variable the user sets cannot lift an
     administrator's locks. Without one, $LEARN_HERMES_MANAGED if set (it must exist),
@@ -412,16 +525,13 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
             raise ConfigError(f"{shown}: no such file")
         return []
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
-    try:
         # compose(), not load(): the nodes keep their line numbers and the text as written,
         # so `mode: off` stays "off" (load() would make it False).
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{shown}: cannot be read ({first_line(exc)})") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
+        line = f":{exc.problem_mark.line + 1}" if getattr(exc, "problem_mark", None) else ""
         raise ConfigError(f"{shown}{line}: not valid YAML "
                           f"({getattr(exc, 'problem', None) or first_line(exc)})") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == YAML_NULL):
@@ -437,15 +547,19 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
 #: teaching
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
                     warnings: list) -> None:
-    """Walk one mapping: a known key is an entry; a section is walked; anything else is
-    an unknown key: a warning, so an older or newer file still starts the agent."""
+    """Walk one mapping: a known key is an entry (the text as written, or a list of texts);
+    a section is walked; an unknown key is a warning: an older or newer file still starts."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{where}: a key must be a plain name")
         key = prefix + key_node.value
         if key in SETTINGS_BY_KEY:
-            raw = node_value(value_node, where, key, environ)
+            is_list = isinstance(value_node, yaml.SequenceNode)
+            items = value_node.value if is_list else [value_node]
+            if not all(isinstance(i, yaml.ScalarNode) and i.tag != YAML_NULL for i in items):
+                raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
+            raw = [item.value for item in items] if is_list else value_node.value
             entries.append(Entry(key, raw, f"{label}:{key}", where))
         elif isinstance(value_node, yaml.MappingNode):
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
@@ -528,16 +642,6 @@ def section_keys(key: str) -> list[str]:
     return [name for name in SETTINGS_BY_KEY if name.startswith(key + ".")]
 
 
-#: teaching
-def node_value(node, where: str, key: str, environ):
-    """The text as written (a list of texts for a YAML list)."""
-    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
-    if not all(isinstance(item, yaml.ScalarNode) and item.tag != YAML_NULL for item in items):
-        raise ConfigError(f"{where}: {key}: expected {expected(SETTINGS_BY_KEY[key])}")
-    texts = [item.value for item in items]
-    return texts if isinstance(node, yaml.SequenceNode) else texts[0]
-
-
 #: hardened
 def node_value(node, where: str, key: str, environ):
     """The text as written (a list of texts for a YAML list), with ${VAR} expanded."""
@@ -584,22 +688,45 @@ def did_you_mean(key: str) -> str:
 def convert(setting: Setting, raw):
     """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
     what was expected. Every layer's values go through here, whatever their source."""
-    if setting.kind in ("list", "pair"):
+    kind = setting.kind
+    if kind in ("list", "pair"):
         items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
         items = [item for item in items if item]
-        return (convert_list if setting.kind == "list" else convert_pair)(setting, items)
+        if kind == "list":
+            unknown = [item for item in items if setting.choices and item not in setting.choices]
+            if unknown:
+                raise ConfigError(f"unknown {unknown[0]!r}; known: {', '.join(setting.choices)}")
+            return list(dict.fromkeys(items))
+        if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
+            raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
+        # Each number is checked as an int of the same range: warn at, then stop at.
+        warn, stop = (convert(setting._replace(kind="int"), item) for item in items)
+        if warn >= stop:
+            raise ConfigError(f"the first number (warn at) must be below the second (stop at), "
+                              f"got {warn}, {stop}")
+        return [warn, stop]
     if isinstance(raw, list):
         raise ConfigError(f"expected {expected(setting)}, got a list")
     text, word = raw.strip(), raw.strip().lower()
-    if setting.kind in ("int", "float"):
-        return convert_number(setting, text)
-    if setting.kind == "str" and text:
+    if kind in ("int", "float"):
+        try:
+            value = int(text) if kind == "int" else float(text)
+        except ValueError:
+            value = None
+        if value is None or value != value:             # not a number, or NaN
+            raise ConfigError(f"expected {expected(setting)}, got {text!r}")
+        if not setting.low <= value <= setting.high:
+            unit = f" {setting.unit}" if setting.unit else ""
+            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, "
+                              f"got {value:,}")
+        return value
+    if kind == "str" and text:
         return text
-    if setting.kind == "bool" and word in TRUE_WORDS + FALSE_WORDS:
+    if kind == "bool" and word in TRUE_WORDS + FALSE_WORDS:
         return word in TRUE_WORDS
-    if setting.kind == "choice" and word in setting.choices:
+    if kind == "choice" and word in setting.choices:
         return word
-    if setting.kind == "folder" and Path(text).expanduser().is_dir():
+    if kind == "folder" and Path(text).expanduser().is_dir():
         return Path(text).expanduser().resolve()
     raise ConfigError(f"expected {expected(setting)}, got {text!r}" if text else "is empty")
 
@@ -637,6 +764,7 @@ def convert(setting: Setting, raw):
     return convert_number(setting, text)
 
 
+#: hardened
 def convert_number(setting: Setting, text: str):
     try:
         value = int(text) if setting.kind == "int" and re.fullmatch(r"[+-]?\d+", text) \
@@ -649,6 +777,7 @@ def convert_number(setting: Setting, text: str):
     return value
 
 
+#: hardened
 def convert_list(setting: Setting, items: list) -> list:
     unknown = [item for item in items if setting.choices and item not in setting.choices]
     if unknown:
@@ -656,6 +785,7 @@ def convert_list(setting: Setting, items: list) -> list:
     return list(dict.fromkeys(items))
 
 
+#: hardened
 def convert_pair(setting: Setting, items: list) -> list:
     if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
         raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
@@ -668,12 +798,23 @@ def convert_pair(setting: Setting, items: list) -> list:
     return [warn, stop]
 
 
+#: hardened
 def in_range(setting: Setting, value) -> None:
     if not setting.low <= value <= setting.high:
         unit = f" {setting.unit}" if setting.unit else ""
         raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, got {value:,}")
 
 
+#: teaching
+def expected(setting: Setting) -> str:
+    """What a value of this setting looks like, for errors and help."""
+    return {"int": f"whole {setting.unit}" if setting.unit else "a whole number",
+            "float": "a number", "bool": "true or false", "str": "text",
+            "choice": f"one of {', '.join(setting.choices)}", "folder": "an existing folder",
+            "list": "a list" + (f" of {', '.join(setting.choices)}" if setting.choices else ""),
+            "pair": "two whole numbers: warn at, stop at"}[setting.kind]
+
+#: hardened
 def expected(setting: Setting) -> str:
     """What a value of this setting looks like, for errors and help."""
     return {"int": f"whole {setting.unit}" if setting.unit else "a whole number",
@@ -686,6 +827,19 @@ def expected(setting: Setting) -> str:
 #: section Using the settings
 
 
+#: teaching
+def apply_limits(config: Config) -> None:
+    """Earlier stages' module limits, set from the chain before anything reads them."""
+    global COMPRESSION_THRESHOLD, MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT, MAX_CHILD_ITERATIONS
+    COMPRESSION_THRESHOLD = config["compression.threshold"]
+    MEMORY_CHAR_LIMIT = config["memory.memory_chars"]
+    USER_CHAR_LIMIT = config["memory.user_chars"]
+    MAX_CHILD_ITERATIONS = config["delegation.max_child_iterations"]
+    for kind in GUARDRAIL_THRESHOLDS:
+        GUARDRAIL_THRESHOLDS[kind] = tuple(config[f"guardrails.{kind}"])
+    MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
+
+#: hardened
 def apply_limits(config: Config) -> None:
     """Limits that earlier stages keep as module constants, set once from the chain at
     start-up, before any session, tool or thread reads them."""
@@ -701,9 +855,8 @@ def apply_limits(config: Config) -> None:
 
 #: teaching
 def deny_rule_matched(command: str, rules) -> str | None:
-    """The first user deny rule (approvals.deny) that `command` matches, or None: a glob
-    matched, ignoring case, against the command as normalize_command() reads it (spaces
-    squeezed) and against each part between ; && || | and &."""
+    """The first rule of approvals.deny that `command` matches, or None: a glob, case
+    ignored, on the normalised command and on each part between ; && || | and &."""
     text = normalize_command(command).casefold()
     texts = [" ".join(part.split()) for part in [text, *SHELL_SEPARATORS.split(text)]]
     return next((rule for rule in rules
@@ -823,6 +976,12 @@ def commands_run(command: str) -> list[str] | None:
                                        for call in calls]
 
 
+#: teaching
+def chain_files() -> list[Path]:
+    """The config files this run read (config.yaml, --config, the managed file)."""
+    return list(CONFIG.files) if CONFIG else []
+
+#: hardened
 def chain_files() -> list[Path]:
     """The config files that this run read (config.yaml, --config, the managed file),
     also a --config file in the state folder: protected by their exact path and name."""
@@ -852,6 +1011,12 @@ def profile_policy_file(real: Path) -> bool:
     return real.name in (ALLOWLIST_FILE, CONFIG_FILE_NAME) and real.parent.parent == profiles
 
 
+#: teaching
+def base_home() -> Path:
+    """$LEARN_HERMES_HOME as the user set it (with --profile, the folder holding it)."""
+    return CONFIG.base if CONFIG is not None else hermes_home()
+
+#: hardened
 def base_home() -> Path:
     """$LEARN_HERMES_HOME as the user set it: with --profile, main() points the variable
     at the profile's folder for the run, and this is the folder that holds it."""
@@ -882,11 +1047,9 @@ CHAIN_ORDER = (f"Strongest first: the managed file (it locks the keys it sets), 
 
 #: teaching
 def show_config(config: Config | None) -> None:
-    """--show-config and /config: one row per setting, with the value and its source, and
-    under its key the variable that sets it: every way to set a value is on the screen."""
+    """--show-config and /config: each setting's value and source, and its variable."""
     if config is None:
-        console.print(Text("no configuration: the agent was not started by main()",
-                           style="yellow"))
+        console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
     table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
     for column in ("key / $variable", "value", "source"):
@@ -921,6 +1084,7 @@ def show_config(config: Config | None) -> None:
         console.print(Text(line, style="dim"))
 
 
+#: hardened
 def offline_reason(args, config: Config) -> str | None:
     """Why the offline model answers (open_session() starts it), or None: an endpoint does."""
     if args.offline or args.demo:
@@ -930,6 +1094,17 @@ def offline_reason(args, config: Config) -> str | None:
     return "no OPENAI_API_KEY or OPENAI_BASE_URL"
 
 
+#: teaching
+def shown_value(setting: Setting, value) -> str:
+    if value is None or setting.secret:
+        return "(none)" if value is None else SECRET_SHOWN
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return visible(", ".join(str(item) for item in value)) or "(empty)"
+    return visible(tilde(value) if isinstance(value, Path) else str(value))
+
+#: hardened
 def shown_value(setting: Setting, value) -> str:
     if setting.secret and value is not None:
         return SECRET_SHOWN
@@ -972,9 +1147,7 @@ def start_with(config: Config) -> None:
 
 #: teaching
 def permissions_from_config(config: Config) -> Permissions:
-    """The policy of this run, fixed now: every source, HERMES_YOLO_MODE included, was
-    read once by the chain, so a later change of os.environ cannot loosen it. A managed
-    approvals.yolo is locked: /yolo may not change it."""
+    """The policy of this run, fixed now: a later change of os.environ cannot loosen it."""
     yolo = config.origin("approvals.yolo")
     return Permissions(config["approvals.mode"], yolo if config["approvals.yolo"] else None,
                        config["approvals.timeout"], config["write_root"],
@@ -1001,6 +1174,12 @@ def managed_lock(config: Config, key: str) -> str | None:
     return origin if origin.startswith("managed:") else None
 
 
+#: teaching
+def delegation_settings_from_config(config: Config) -> DelegationSettings:
+    return DelegationSettings(*(config[f"delegation.{name}"] for name in (
+        "child_budget", "child_approvals", "heartbeat_interval", "stale_beats")))
+
+#: hardened
 def delegation_settings_from_config(config: Config) -> DelegationSettings:
     return DelegationSettings(config["delegation.child_budget"],
                               config["delegation.child_approvals"],
@@ -1008,6 +1187,7 @@ def delegation_settings_from_config(config: Config) -> DelegationSettings:
                               config["delegation.stale_beats"])
 
 
+#: hardened
 DEMO_KEY = "approvals.timeout"
 DEMO_LAYERS = [     # what the demo adds, weakest layer first: (label, file text, variable, flags)
     ("nothing set", None, None, []),
@@ -1018,6 +1198,36 @@ DEMO_LAYERS = [     # what the demo adds, weakest layer first: (label, file text
 ]
 
 
+#: teaching
+DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables, its flags)
+    ("nothing set", {}, {}, []),
+    ("config.yaml: approvals: timeout: 45", {"config.yaml": "approvals: {timeout: 45}"}, {}, []),
+    ("HERMES_APPROVAL_TIMEOUT=30", {}, {"HERMES_APPROVAL_TIMEOUT": "30"}, []),
+    ("--approval-timeout 20", {}, {}, ["--approval-timeout", "20"]),
+    ("the managed file: timeout: 10", {"managed.yaml": "approvals: {timeout: 10}"},
+     {MANAGED_ENV_VAR: "managed.yaml"}, [])]
+
+
+#: teaching
+def demo_chain(session: Session) -> None:
+    key = "approvals.timeout"
+    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
+                       style="bold"))
+    environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
+    for label, files, variables, flags in DEMO_LAYERS:
+        for name, text in files.items():
+            Path(name).write_text(text + "\n", encoding="utf-8")
+        environ.update(variables)
+        argv += flags
+        config = load_config(parse_args(argv), environ)
+        console.print(Text(f"  + {label:<38} {key} = {config[key]:<3} from {config.origin(key)}"))
+    for warning in config.warnings:
+        console.print(Text(f"  {warning}", style="yellow"))
+
+
+
+
+#: hardened
 def demo_chain(session: Session) -> None:
     console.print(Text(f"\n1. One key, four layers. Each step adds a layer that sets "
                        f"{DEMO_KEY}; the strongest one wins:", style="bold"))
@@ -1064,17 +1274,12 @@ def demo_mistakes(session: Session) -> None:
 
 #: teaching
 def demo_deny(session: Session) -> None:
-    console.print(Text("\n2. A deny rule beats YOLO, and no tool changes a config file. "
-                       "config.yaml: approvals: {yolo: true, deny: ['rm -rf *']}", style="bold"))
-    path = hermes_home() / CONFIG_FILE_NAME
-    path.write_text("approvals:\n  yolo: true\n  deny: ['rm -rf *']\n", encoding="utf-8")
-    config = load_config(parse_args([]), {"HOME": os.environ["HOME"],
-                                          "LEARN_HERMES_HOME": str(hermes_home())})
-
-    def turns(session: Session) -> None:
-        for line in DEMO_INPUTS:
-            demo_turn(session, line)
-    with_approvals(permissions_from_config(config), session, turns)
+    rules = "approvals: {yolo: true, deny: ['rm -rf *']}"
+    console.print(Text(f"\n2. A deny rule beats YOLO. config.yaml: {rules}", style="bold"))
+    (hermes_home() / CONFIG_FILE_NAME).write_text(rules + "\n", encoding="utf-8")
+    config = load_config(parse_args([]), {"LEARN_HERMES_HOME": str(hermes_home())})
+    with_approvals(permissions_from_config(config), session,
+                   lambda session: [demo_turn(session, line) for line in DEMO_INPUTS])
 
 
 #: hardened
@@ -1106,6 +1311,20 @@ def demo_deny_turns(session: Session) -> None:
     demo_turn(session, DEMO_INPUTS[4])
 
 
+#: teaching
+def add_setting_flag(parser, setting: Setting) -> None:
+    """A flag of SETTINGS, with no type and no default: the chain checks its text."""
+    variable = f", ${setting.env}" if setting.env else ""     # every way to set it
+    default = shown_value(setting, setting.default)
+    help_text = f"{setting.help} ({setting.key}{variable}; default {default})".replace("%", "%%")
+    if setting.kind == "bool":                  # --yolo, not --yolo true
+        options = {"action": "store_const", "const": "true"}
+    else:
+        options = {"metavar": "{" + ",".join(setting.choices) + "}" if setting.kind == "choice"
+                   else setting.unit.upper() or setting.kind.upper()}
+    parser.add_argument(setting.flag, dest=setting.key, help=help_text, **options)
+
+#: hardened
 def add_setting_flag(parser, setting: Setting) -> None:
     """A flag of SETTINGS. Its text is checked by the chain, like a value from any layer."""
     default = shown_value(setting, setting.default)
@@ -1121,6 +1340,19 @@ def add_setting_flag(parser, setting: Setting) -> None:
         parser.add_argument(setting.flag, dest=setting.key, metavar=metavar, help=help_text)
 
 
+#: teaching
+def checked_config(args) -> Config | None:
+    """The chain, its warnings shown; None (after the errors) if the agent may not start."""
+    try:
+        config = load_config(args)
+        lines = config.warnings
+    except ConfigError as exc:      # the warnings first: 'aprovals.mode' may be the reason
+        config, lines = None, [*exc.warnings, *(f"error: {line}" for line in str(exc).splitlines())]
+    for line in lines:              # errors: None, the agent does not start (no silent default)
+        err_console.print(Text(line, style="yellow" if line.startswith("warning") else "red"))
+    return config
+
+#: hardened
 def checked_config(args) -> Config | None:
     """The chain, its warnings shown; None (after the errors) if the agent may not start."""
     try:
@@ -1136,6 +1368,16 @@ def checked_config(args) -> Config | None:
     return config
 
 
+#: teaching
+def restore_home(saved: str | None) -> None:
+    """Undo start_with()'s profile home: main() may run again in the same process."""
+    global CONFIG
+    CONFIG = None
+    os.environ.pop("LEARN_HERMES_HOME", None)
+    if saved is not None:
+        os.environ["LEARN_HERMES_HOME"] = saved
+
+#: hardened
 def restore_home(saved: str | None) -> None:
     """Undo start_with()'s profile home: main() may run again in the same process."""
     global CONFIG
@@ -1146,6 +1388,14 @@ def restore_home(saved: str | None) -> None:
         os.environ["LEARN_HERMES_HOME"] = saved
 
 
+#: teaching
+def retry_policy_from_config(config, session: Session) -> RetryPolicy:
+    """retries.max, and a fallback if a fallback setting is given; the key is api_key's."""
+    url, model = config["fallback.base_url"], config["fallback.model"]
+    client = make_client(url, config["api_key"]) if url else session.client if model else None
+    return RetryPolicy(config["retries.max"], fallback_client=client, fallback_model=model)
+
+#: hardened
 def retry_policy_from_config(config, session: Session) -> RetryPolicy:
     """retries.max, and a fallback if either fallback setting is given: a model on the
     same endpoint, the same model elsewhere, or both. The key is api_key's."""
@@ -1164,6 +1414,15 @@ SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
 
 #: changes
 
+#: teaching
+def tool_fields(tools: list) -> dict:
+    """s01's tool_fields(), with tool_choice from the chain (no chain: HERMES_TOOL_CHOICE)."""
+    choice = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
+    if not tools:
+        return {}
+    return {"tools": tools} if choice == "omit" else {"tools": tools, "tool_choice": "auto"}
+
+#: hardened
 def tool_fields(tools: list) -> dict:
     """s01's tool_fields(), with the choice from the chain (tool_choice: auto | omit; a
     test that builds no chain reads HERMES_TOOL_CHOICE, as s01 does)."""
@@ -1186,6 +1445,26 @@ def protected_roots() -> list[str]:
     return [*files, f"{home}/{MEMORY_DIR_NAME}", real_skills_root(home)]
 
 
+#: teaching
+def toggle_yolo(session: Session, argument: str) -> None:
+    """/yolo: YOLO on or off for this session only; never if the managed file locks it (s11)."""
+    context = approval_context()
+    switched = context.permissions.session_yolo     # the session ids where /yolo turned it on
+    if locked := context.permissions.yolo_locked:
+        console.print(Text(f"YOLO is locked by the managed configuration ({locked}); /yolo "
+                           f"cannot change it", style="yellow"))
+        return
+    if context.yolo_source() and session.session_id not in switched:
+        console.print(Text(f"YOLO is on for every session ({context.yolo_source()}); /yolo "
+                           f"cannot turn that off", style="yellow"))
+        return
+    with context.permissions.lock:
+        switched.symmetric_difference_update({session.session_id})
+    now = "on for this session only" if session.session_id in switched else "off for this session"
+    console.print(Text(f"YOLO is {now} ({session.session_id}); hardline commands and the "
+                       f"policy files stay blocked.", style="yellow"))
+
+#: hardened
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only; never for a key that the
     managed file locked (s11)."""
@@ -1236,8 +1515,7 @@ def command_gate(command: str) -> str | None:
 
 #: teaching
 def gate_checks(command: str) -> str | None:
-    """hardline → self-protection → the user's deny rules (s11) → YOLO or mode off →
-    approve_command()."""
+    """hardline → self-protection → deny rules (s11) → YOLO or mode off → approve_command()."""
     hardline = detect_hardline_command(command)
     if hardline is not None:
         return gate_refusal(
@@ -1398,10 +1676,8 @@ class Permissions:
 
 #: teaching
 def policy_files() -> list[Path]:
-    """The files that hold approval policy. Only the user changes them, outside the
-    agent: no command, write_file or patch may write them. s11: config.yaml too, in
-    this run's home and the folder that holds the profiles, and every file of the
-    chain this run read (--config, the managed file)."""
+    """The files that hold approval policy: only the user changes them. s11: config.yaml
+    too, in this home and the one holding the profiles, and every file the chain read."""
     homes = dict.fromkeys([hermes_home(), base_home()])
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
         + chain_files()
@@ -1415,6 +1691,13 @@ def policy_files() -> list[Path]:
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
 
 
+#: teaching
+def allowlist_holding(permissions: Permissions, key: str) -> str:
+    """The allowlist that approves `key`; s11: config.yaml's command_allowlist is one too."""
+    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
+        else ALLOWLIST_FILE
+
+#: hardened
 def allowlist_holding(permissions: Permissions, key: str) -> str:
     """The allowlist that approves `key`, as the note of a cached approval names it (s11:
     config.yaml's command_allowlist is one too)."""
@@ -1545,9 +1828,7 @@ The offline model understands:
 
 
 #: teaching
-DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
-               "write ../state/config.yaml approvals: {mode: off}",
-               "$ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml"]
+DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build"]
 #: hardened
 DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
                "write ../state/config.yaml approvals: {mode: off}",
@@ -1601,6 +1882,30 @@ def run_demo(session: Session) -> int:
     return 0
 
 
+#: teaching
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
+        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used. "
+               f"Settings: {CHAIN_ORDER}")
+    parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
+    parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
+    parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
+    parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
+    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
+                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print every setting, its value and where it came from; exit")
+    for setting in SETTINGS:
+        if setting.flag:
+            add_setting_flag(parser, setting)
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue the session with this id")
+    resume.add_argument("--continue", dest="continue_session", action="store_true",
+                        help="continue the most recent session")
+    return parser.parse_args(argv)
+
+#: hardened
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
@@ -1626,6 +1931,25 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+#: teaching
+def open_session(args, config: Config) -> Session:
+    """Real endpoint if configured, otherwise the offline model on a loopback port."""
+    # The demo keeps its own temporary store; everything else uses $LEARN_HERMES_HOME.
+    store = None if args.demo else open_store(hermes_home() / STATE_DB_NAME)
+    ActiveSession.store = store             # before choosing tools: session_search needs it
+    tools = REGISTRY.get_definitions(config["toolsets"], config["disabled_toolsets"])
+    limits = (config["max_iterations"], tools, store, config["compression.context_length"])
+    if config.offline:                      # --offline, --demo, or no key and no endpoint
+        server = start_offline_server()
+        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
+                               style="yellow"))
+        return Session(make_client(server.url, "offline"), "offline", server.url, *limits)
+    client = make_client(config["base_url"], config["api_key"])
+    return Session(client, config["model"], str(client.base_url), *limits)
+
+#: hardened
 def open_session(args, config: Config) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url, api_key = config["base_url"], config["api_key"]

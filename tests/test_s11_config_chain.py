@@ -1529,7 +1529,8 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
     step = 3 if hardened else 2
     expected = [
         "1. One key, four layers. Each step adds a layer that sets approvals.timeout; the "
-        "strongest one wins:",
+        "strongest one wins:" if hardened else
+        "1. Each step adds a layer that sets approvals.timeout; the strongest wins:",
         "  + nothing set                            approvals.timeout = 60  from default",
         "  + config.yaml: approvals: timeout: 45    approvals.timeout = 45  from "
         "config.yaml:approvals.timeout",
@@ -1544,20 +1545,20 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         "  warning: --approval-timeout is ignored:",
         *mistakes,
         f"{step}. A deny rule beats YOLO. config.yaml: approvals: "
-        "{yolo: true, deny: ['rm -rf *']}" if hardened else
-        "2. A deny rule beats YOLO, and no tool changes a config file. config.yaml: approvals: "
         "{yolo: true, deny: ['rm -rf *']}",
         "s11> $ rm -rf build\n",
         "    BLOCKED (deny rule): the user's rule 'rm -rf *' (approvals.deny)",
         "s11> $ rm -r build\n",
         "    stub rm: -r build",
-        *([f"{step + 1}. The agent cannot change its own configuration, with any tool:"]
-          if hardened else []),
+    ]
+    protected = [           # the hardened demo only ("Under attack" tests both editions)
+        f"{step + 1}. The agent cannot change its own configuration, with any tool:",
         "s11> write ../state/config.yaml approvals: {mode: off}\n",
         "config.yaml is a policy file of this agent: only the user changes it.",
         "s11> $ echo 'approvals: {mode: off}' >> $LEARN_HERMES_HOME/config.yaml\n",
         "    BLOCKED (self-protection): this command may write ",
-    ]
+    ] if hardened else []
+    expected += protected
     told = [                                            # the config verb: the hardened demo
         f"{step + 2}. The model can be told what the settings are, never change them",
         "s11> config\n",
@@ -1571,7 +1572,7 @@ def test_the_demo_walks_through_the_chain(stage_name, tmp_path, monkeypatch):
         found = out.find(line, position)
         assert found >= 0, f"missing after position {position}: {line!r}\n{out}"
         position = found + len(line)
-    assert out.count("s11> ") == (5 if hardened else 4)
+    assert out.count("s11> ") == (5 if hardened else 2)
     if hardened:
         assert "approvals.mode = 'manual'" not in out.split("approvals: mode: off")[1].split(
             "aprovals")[0]

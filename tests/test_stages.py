@@ -187,6 +187,10 @@ HARDENED_DEMO_PROMISES = {
         "[approved without asking: YOLO is on (--yolo);",
         "    stub rm: -rf ./build",
     ],
+    "s11_config_chain": [
+        "config.yaml is a policy file of this agent",
+        "BLOCKED (self-protection): this command may write ",
+    ],
     "s10_subagent_delegation": [
         "The parent's conversation: system user assistant tool assistant. No child message is in it.",
         "├─ failed after 2 model call(s): The tool answered: Tool 'delegate_task' does not exist.",
