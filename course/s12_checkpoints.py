@@ -103,6 +103,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 from typing import Callable, NamedTuple
+from unittest import mock
 
 #: section Checkpoints
 
@@ -1705,9 +1706,9 @@ DEMO_INPUTS = ["write todo.txt buy milk",
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
     saved_folder, saved_checkpoints = current_directory(), CHECKPOINTS
-    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder:
+    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder, \
+            mock.patch.dict(os.environ):        # HOME, LEARN_HERMES_HOME, PATH come back
         try:
             enter_demo_folder(Path(folder))
             console.print(Text(f"The demo works in a temporary folder: {folder}", style="dim"))
@@ -1718,11 +1719,6 @@ def run_demo(session: Session) -> int:
                 demo_turn(session, line)
         finally:
             use_checkpoints(saved_checkpoints)
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
