@@ -2,11 +2,10 @@
 """s12 · Checkpoints — a shadow git snapshot before each turn's first change, /rollback.
 
 What this stage adds
-    Before the first change of each user turn (write_file, patch or a terminal command) the
-    project is snapshot into the agent's own bare git repository in
-    $LEARN_HERMES_HOME/checkpoints/; the project's .git is never touched. /rollback lists
-    them, /rollback diff N shows the changes since N, /rollback N makes the project N again
-    (undo: /rollback 1).
+    Before each user turn's first change (write_file, patch, a terminal command) the project
+    is snapshot into a bare git repository of the agent's own, in $LEARN_HERMES_HOME/
+    checkpoints/ (the project's .git is untouched). /rollback lists them, /rollback diff N
+    shows the changes since N, /rollback N makes the project N again (undo: /rollback 1).
 
     first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
         add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
@@ -14,10 +13,9 @@ What this stage adds
         git restore --source=<id> --staged --worktree --no-overlay -- .
 
 Reading guide
-    "[s12] Checkpoints" is the lesson, "[s12] Checkpoint details" its helpers, and /rollback
-    is under "[s12] Checkpoint commands". agents/hardened/ adds the details.
+    "[s12] Checkpoints" is the lesson, then its details and /rollback. agents/hardened/ adds more.
     Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool() in
-    [s09]; build_settings(), flag_entries() in [s11]; and 7 definitions of the plumbing
+    [s09]; build_settings(), flag_entries() in [s11]; and 8 definitions of the plumbing
     (python course/build.py --changes s12 lists them all).
 Run
     python agents/s12_checkpoints.py --demo           # the walk-through
@@ -55,6 +53,7 @@ import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, NamedTuple
+from unittest import mock
 
 import openai
 import yaml
@@ -82,23 +81,18 @@ class Checkpoint(NamedTuple):
     ref: str                    # refs/checkpoints/0000000007: the names sort by age
     time: float                 # when it was taken, in seconds since 1970
     reason: str                 # "before write_file notes.txt", "before rollback to 1a2b3c4"
-
-    @property
-    def short(self) -> str:
-        return self.id[:SHORT_ID_CHARS]
+    short: str                  # the id's first SHORT_ID_CHARS characters, as /rollback shows
 
 class Restored(NamedTuple):
     checkpoint: Checkpoint      # the project is now as it was then
     undo: str                   # the checkpoint taken just before: the way back
 
 class CheckpointManager:
-    """Checkpoints of one project folder, in a bare git repository of the agent's own (a
-    "shadow" store): $LEARN_HERMES_HOME/checkpoints/<key>/. Every git call names the
-    store and the project, so the project's own .git is never read or written."""
+    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow"
+    store). Every git call names the store and the project: the project's .git is untouched."""
 
-    def __init__(self, project: Path, home: Path | None = None,
-                 max_snapshots: int = MAX_SNAPSHOTS, max_files: int = MAX_FILES,
-                 max_file_size_mb: int = MAX_FILE_SIZE_MB):
+    def __init__(self, project: Path, home: Path | None = None, max_snapshots: int = MAX_SNAPSHOTS,
+                 max_files: int = MAX_FILES, max_file_size_mb: int = MAX_FILE_SIZE_MB):
         self.project = Path(os.path.realpath(project))
         self.home = Path(os.path.realpath(home or hermes_home()))
         self.store = self.home / CHECKPOINTS_DIR_NAME / project_key(self.project)
@@ -107,26 +101,19 @@ class CheckpointManager:
         self.git_program = shutil.which("git")      # None: no checkpoint can be taken
         self.left_out: list[str] = []   # nested repositories and large files, last looked
         self.lock = threading.Lock()    # s10's sub-agents share the manager
-        self.turn_taken = False         # this user turn has had its checkpoint
-        self.told_none = False          # "no checkpoints here" was said in this run
-        self.warned = False             # a failed checkpoint is shown once per run
+        self.turn_taken = False         # this user turn has had its checkpoint (run_turn())
+        self.told_none = self.warned = False    # once per run: "no checkpoints here", a failure
 
     def snapshot(self, reason: str, prune_old: bool = True) -> str | None:
         """The project as it is now: the new checkpoint's id (None: nothing changed)."""
-        open_checkpoint_store(self)
         newest = self.list()[:1]
-        stage_tree(self)
-        # What changed since the newest checkpoint. Before the first one, everything:
-        # the store's HEAD is never set, so `diff --cached` compares with an empty tree.
-        changes = self.git("diff", "--cached", "--name-only", "-z", "--no-renames",
-                           *[checkpoint.id for checkpoint in newest])
-        if newest and not changes:
-            return None
+        stage_tree(self)                # the store's index: the project as it is now
+        if newest and not self.git("diff", "--cached", "--name-only", newest[0].id):
+            return None                 # the same as the newest checkpoint
         tree = self.git("write-tree").strip()
         commit = self.git("commit-tree", tree, input=one_line(reason)).strip()   # no parent
         number = int(newest[0].ref.rpartition("/")[2]) + 1 if newest else 1
-        self.git("update-ref", "--stdin",
-                 input=f"create {CHECKPOINT_REFS}{number:010d} {commit}\n")
+        self.git("update-ref", f"{CHECKPOINT_REFS}{number:010d}", commit, "")  # "": a new ref
         if prune_old:
             prune(self)
         return commit
@@ -137,13 +124,13 @@ class CheckpointManager:
             return []
         output = self.git("for-each-ref", "--sort=-refname", f"--format={LIST_FORMAT}",
                           CHECKPOINT_REFS)
-        return [listed_checkpoint(index, record) for index, record
-                in enumerate(output.split(RECORD_END)[:-1], start=1)]
+        rows = [line.split(" ", 3) for line in output.split("\n")[:-1]]  # a reason is one line
+        return [Checkpoint(index, commit, ref, float(when), reason, commit[:SHORT_ID_CHARS])
+                for index, (ref, commit, when, reason) in enumerate(rows, start=1)]
 
     def diff(self, n: int | str) -> str:
         """The changes from checkpoint n to the project as it is now, as git shows them."""
         checkpoint = find_checkpoint(self, n)
-        open_checkpoint_store(self)
         stage_tree(self)
         return self.git("diff", "--cached", "--no-renames", "--no-ext-diff", checkpoint.id,
                         "--", ".", *excluded(self.left_out))
@@ -151,7 +138,6 @@ class CheckpointManager:
     def restore(self, n: int | str) -> Restored:
         """The project becomes checkpoint n, after a checkpoint of now: the way back."""
         checkpoint = find_checkpoint(self, n)   # before the new checkpoint renumbers them
-        # Pruned after the restore: the checkpoint restored may be the oldest one.
         undo = self.snapshot(f"before rollback to {checkpoint.short}", prune_old=False) \
             or self.list()[0].id
         # The snapshot put every file it keeps into the index. --no-overlay removes what
@@ -159,7 +145,7 @@ class CheckpointManager:
         # out now is not in the index, so it stays as it is.
         self.git("restore", f"--source={checkpoint.id}", "--staged", "--worktree",
                  "--no-overlay", "--", ".", *excluded(self.left_out))
-        prune(self)
+        prune(self)                     # only now: the one restored may have been the oldest
         return Restored(checkpoint, undo)
 
     def git(self, *args: str, input: str = "") -> str:
@@ -172,23 +158,23 @@ class CheckpointManager:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
+        # No GIT_DIR (or any GIT_*) of the agent's, no secrets, no user or system git config.
+        env = {name: value for name, value in scrubbed_environment().items()   # no secrets,
+               if not name.upper().startswith("GIT_")}  # no GIT_DIR, GIT_INDEX_FILE, ...
+        env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",   # no user or
+                   GIT_TERMINAL_PROMPT="0", LC_ALL="C")                     # system config
         try:                            # an OSError (no project folder, say) is the caller's
             done = subprocess.run([self.git_program, *args], cwd=self.project, input=input,
-                                  env=git_environment(), capture_output=True, text=True,
+                                  env=env, capture_output=True, text=True,
                                   encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
-        except BaseException as exc:    # a timeout or Ctrl-C: git is killed, and its lock
-            (self.store / "index.lock").unlink(missing_ok=True)    # would fail every call
-            if isinstance(exc, subprocess.TimeoutExpired):
-                raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
-            raise
+        except subprocess.TimeoutExpired:
+            raise CheckpointError(f"git took longer than {GIT_TIMEOUT} s") from None
+        finally:                        # a git killed (a timeout, Ctrl-C) leaves its lock,
+            (self.store / "index.lock").unlink(missing_ok=True)    # which fails every call
         if done.returncode != 0:
             raise CheckpointError("git: " + (first_line(done.stderr or done.stdout)
                                              or f"exit code {done.returncode}"))
         return done.stdout
-
-    def new_turn(self) -> None:
-        with self.lock:
-            self.turn_taken = False
 
     def before_change(self, reason: str) -> None:
         """The first change of a user turn: a checkpoint first. Later ones: nothing.
@@ -198,8 +184,12 @@ class CheckpointManager:
                 return
             self.turn_taken = True
             why_not = never_checkpointed(self.project, self.home)
-            if why_not:                 # a rule, not a failure: said at the first change
-                say_no_checkpoints_once(self, why_not)
+            if why_not:                 # a rule, not a failure: said once, at the first change
+                if not self.told_none:  # (a scratch folder is where one tries a real model)
+                    how = f". `git init` turns them on; they are kept in {self.store}" \
+                        if "not in a project" in why_not else ""
+                    console.print(Text(f"  [no checkpoint: {why_not}{how}]", style="dim"))
+                self.told_none = True
                 return
             try:
                 commit = self.snapshot(reason)
@@ -215,47 +205,36 @@ class CheckpointManager:
             console.print(Text(f"  [checkpoint {commit[:SHORT_ID_CHARS]}: {one_line(reason)}"
                                f"{left_out}]", style="dim"))
 
-    def contains(self, path: Path) -> bool:
-        real = Path(os.path.realpath(path))
-        return real == self.project or self.project in real.parents
-
 CHECKPOINTS: CheckpointManager | None = None    # this run's; set by main() (None: off)
 
 def checkpoint_before_change(reason: str, target: Path | None = None) -> None:
-    """write_file, patch and the terminal tool call this just before they may change
-    files. A file outside the project is not the project's change: no checkpoint."""
+    """write_file, patch and terminal call this just before a change (outside the project: no)."""
     manager = CHECKPOINTS
-    if manager is not None and (target is None or manager.contains(target)):
+    if manager is not None and (target is None or manager.project in Path(
+            os.path.realpath(target)).parents):
         manager.before_change(reason)
 
 # ── [s12] Checkpoint details ────────────────────────────────────────────────
 
 GIT_TIMEOUT = 60                        # seconds one git command may take
 MAX_REASON_CHARS = 100                  # of a checkpoint's reason, the store keeps this much
-# Never stored (written to the store's info/exclude; the project's .gitignore counts
-# too; git itself never adds a .git): what a project can rebuild, secrets and logs.
+# Never stored (the store's info/exclude; .gitignore counts too): rebuildables, secrets, logs.
 DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".cache/",
                     "build/", "dist/", "target/", ".env", ".env.*", "*.log")
-# Every file as its bytes, whatever the project's .gitattributes asks for (no line-ending
-# conversion, filter or re-encoding): a restore gives back exactly what was there.
+# Every file as its bytes, whatever .gitattributes asks: a restore gives back what was there.
 EXACT_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
-# Given to every git call (-c): an identity (commit-tree needs one), and none of the user's
-# setup: no signing, no hooks, no global excludes, no automatic gc, names not quoted.
+# Given to every git call (-c): an identity (commit-tree needs one), none of the user's setup.
 GIT_SETTINGS = ("user.name=learn-hermes", "user.email=checkpoints@learn-hermes.invalid",
                 "commit.gpgsign=false", f"core.hooksPath={os.devnull}",
                 f"core.excludesFile={os.devnull}", "core.autocrlf=false",
                 "core.fsmonitor=false", "core.quotePath=false", "gc.auto=0")
-# for-each-ref: one record per checkpoint, fields split by NUL, records ended by \x1e
-LIST_FORMAT = ("%(refname)%00%(objectname)%00%(committerdate:unix)%00%(contents:subject)"
-               "%00%(contents:body)%1e")
-RECORD_END = "\x1e\n"
+LIST_FORMAT = "%(refname) %(objectname) %(committerdate:unix) %(contents:subject)"  # a line each
 # A folder with one of these is a project (Hermes's list): only a project is checkpointed.
 PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.mod",
                    "Makefile", "pom.xml", "Gemfile", ".hg")
 
 def project_key(project: Path) -> str:
-    """The store's folder name: the first 16 hex characters of the sha256 of the
-    project's resolved path. One store per project; the path itself is in the store."""
+    """The store's folder name: 16 hex characters of the sha256 of the project's path."""
     return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 def is_project(folder: Path) -> bool:
@@ -264,31 +243,13 @@ def is_project(folder: Path) -> bool:
 
 def project_root(folder: Path) -> Path:
     """The nearest folder, from `folder` up, with one of PROJECT_MARKERS (else `folder`)."""
-    for candidate in (folder, *folder.parents):
-        if is_project(candidate):
-            return candidate
-    return folder
-
-def say_no_checkpoints_once(manager: CheckpointManager, why_not: str) -> None:
-    """The first change of a run where no checkpoint can be taken says so, once: a
-    scratch folder is exactly where a learner tries a real model."""
-    if manager.told_none:
-        return
-    manager.told_none = True
-    if "not in a project" in why_not:     # home, / and the state folder: no marker helps
-        how = (f"`git init` there (or any project marker) turns them on; they are kept "
-               f"outside the project, in {manager.store}")
-    else:
-        how = "start the agent in a project folder to have them"
-    console.print(Text(f"  [no checkpoint: {why_not}. {how}]", style="dim"))
+    return next((found for found in (folder, *folder.parents) if is_project(found)), folder)
 
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None: / and home are a whole machine or life,
-    the state folder (and a project around it) holds the stores, /tmp may be anything."""
-    if project.parent == project:
-        return f"{project} is the root folder: it is never checkpointed"
-    if project == Path(os.path.realpath(os.path.expanduser("~"))):
-        return f"{project} is the home folder: it is never checkpointed"
+    """Why this folder gets no checkpoints, or None: / and home are too much, the agent's
+    state folder holds the stores, a folder in no project may be anything (/tmp)."""
+    if project.parent == project or project == Path(os.path.realpath(os.path.expanduser("~"))):
+        return f"{project} is the root or the home folder: it is never checkpointed"
     if project == home or home in project.parents or project in home.parents:
         return f"{project} overlaps the agent's state folder {home}: it is never checkpointed"
     if not is_project(project):
@@ -296,29 +257,14 @@ def never_checkpointed(project: Path, home: Path) -> str | None:
                 f"{', '.join(PROJECT_MARKERS[:3])} or another project marker")
     return None
 
-def git_environment() -> dict:
-    """The environment of a checkpoint's git: no GIT_* variable of the agent's (GIT_DIR
-    would point git at another repository, GIT_INDEX_FILE at another index), no secrets,
-    and neither the user's nor the system's git config. Messages in English (LC_ALL=C)."""
-    env = {name: value for name, value in scrubbed_environment().items()
-           if not name.upper().startswith("GIT_")}
-    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
-               GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    return env
-
 def one_line(text: str) -> str:
     """A reason as the store keeps it: one line, nothing hidden, at most MAX_REASON_CHARS."""
     line = visible(" ".join(str(text).split()))
     return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 1] + "…"
 
-def listed_checkpoint(index: int, record: str) -> Checkpoint:
-    ref, commit, when, reason, _ = record.lstrip("\n").split("\0")
-    return Checkpoint(index, commit, ref, float(when), reason)
-
 def open_checkpoint_store(manager: CheckpointManager) -> None:
     """Create the store on first use; its excludes and attributes each time (they change)."""
-    problem = never_checkpointed(manager.project, manager.home)
-    if problem:
+    if problem := never_checkpointed(manager.project, manager.home):
         raise CheckpointError(problem)
     store = manager.store
     if not (store / "HEAD").is_file():
@@ -330,16 +276,16 @@ def open_checkpoint_store(manager: CheckpointManager) -> None:
     (store / "info" / "attributes").write_text(EXACT_ATTRIBUTES, encoding="utf-8")
 
 def stage_tree(manager: CheckpointManager) -> None:
-    """The store's index becomes the project as it is now, minus what is left out: each
-    nested repository (git lists a new one as a folder, "vendor/lib/") and each file
-    over the size limit. Ignored files and DEFAULT_EXCLUDES are never listed."""
+    """Open the store; its index becomes the project as it is now, minus what is left out."""
+    open_checkpoint_store(manager)
     listed = set(manager.git("ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard").split("\0")[:-1])
+                             "--exclude-standard").split("\0")[:-1])   # not what is ignored
     if len(listed) > manager.max_files:
         raise CheckpointError(f"{manager.project} has {len(listed):,} files, more than "
                               f"checkpoints.max_files ({manager.max_files:,})")
+    # Left out: nested repositories (git lists a new one as a folder, "vendor/lib/") and
+    # files over the limit (lstat: a link's own size; a file deleted since has none).
     repositories = sorted(path for path in listed if path.endswith("/"))
-    # Each file's size (a link's own: lstat); a file deleted since git listed it has none.
     sizes = {path: os.lstat(manager.project / path).st_size for path in listed
              if not path.endswith("/") and os.path.lexists(manager.project / path)}
     large = sorted(path for path, size in sizes.items() if size > manager.max_file_bytes)
@@ -356,25 +302,21 @@ def excluded(left_out: list) -> list[str]:
     return [":(exclude,literal)" + path for path in left_out]
 
 def prune(manager: CheckpointManager) -> None:
-    """Keep the newest checkpoints.max_snapshots checkpoints: delete the refs of the
-    older ones, then the objects nothing else uses (the old contents of files)."""
+    """Keep the newest max_snapshots: delete older refs, then the objects no ref uses."""
     old = manager.list()[manager.max_snapshots:]
     if old:
-        manager.git("update-ref", "--stdin",
-                    input="".join(f"delete {checkpoint.ref}\n" for checkpoint in old))
+        manager.git("update-ref", "--stdin", input="".join(f"delete {c.ref}\n" for c in old))
         manager.git("prune", "--expire=now")
 
 def find_checkpoint(manager: CheckpointManager, n: int | str) -> Checkpoint:
-    """Checkpoint n, by its number in the list (1 = the newest). Nothing else names a
-    checkpoint: not an option (--help), not a commit of any other repository."""
+    """Checkpoint n by its number in the list (1 = the newest): never any other commit."""
     checkpoints = manager.list()
     if not isinstance(n, int) or isinstance(n, bool):
         raise CheckpointError(f"{visible(str(n))!r} is not a checkpoint: give its number "
                               f"(/rollback lists them)")
     if not 1 <= n <= len(checkpoints):
-        there = "there is" if len(checkpoints) == 1 else "there are"
-        raise CheckpointError(f"no checkpoint {n}: {there} {len(checkpoints)} "
-                              f"(/rollback lists them)")
+        there = "there is 1" if len(checkpoints) == 1 else f"there are {len(checkpoints)}"
+        raise CheckpointError(f"no checkpoint {n}: {there} (/rollback lists them)")
     return checkpoints[n - 1]
 
 # ── [s11] Configuration chain ───────────────────────────────────────────────
@@ -565,7 +507,7 @@ def flag_entries(args) -> list[Entry]:
     for s in SETTINGS:
         raw = getattr(args, s.key, None) if s.flag else None
         if raw is not None:             # s12: --no-checkpoints is named as itself
-            flag = off_flag(s) if s.kind == "bool" and raw == "false" else s.flag
+            flag = "--no-" + s.flag[2:] if s.kind == "bool" and raw == "false" else s.flag
             entries.append(Entry(s.key, raw, flag, flag))
     return entries
 
@@ -1301,10 +1243,8 @@ def approval_context() -> ApprovalContext:
     return APPROVAL_CONTEXT.get() or ApprovalContext(Permissions())
 
 def terminal_tool(command: str, timeout: int | None = None) -> str:
-    """The terminal tool from this stage on: the gate, then s01's run_terminal(). s12:
-    any command that runs may change files, so the turn's checkpoint comes first."""
-    refusal = command_gate(command)
-    if refusal is not None:
+    """The gate, then s01's run_terminal(); s12: any command may change files: checkpoint first."""
+    if refusal := command_gate(command):
         return refusal
     checkpoint_before_change(f"before terminal: {command}")
     return run_terminal(command, timeout)
@@ -3415,8 +3355,7 @@ HELP_TEXT = """Commands:
   /yolo          YOLO on or off for this session only (never for hardline commands)
   /delegation    how sub-agents run: budget, limits, approvals, heartbeat
   /config        every setting, its value and where it came from (--show-config)
-  /rollback      the checkpoints of this project, newest first; /rollback diff N: what
-                 changed since N; /rollback N: back to N (/rollback 1 then undoes it)
+  /rollback      checkpoints, newest first; /rollback diff N; /rollback N (undo: /rollback 1)
   /quit          leave (Ctrl-D works too)
 Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
 The offline model understands:
@@ -3511,7 +3450,7 @@ def run_turn(session: Session, user_text: str) -> bool:
     made here, so that sub-agents started during the turn can pay from it (s10)."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     if CHECKPOINTS is not None:         # s12: the first change of this turn gets a checkpoint
-        CHECKPOINTS.new_turn()
+        CHECKPOINTS.turn_taken = False
     budget = IterationBudget(session.max_iterations)
     delegation = DELEGATION.set(Delegator(session, budget, 0, show_child_event))
     try:
@@ -3586,20 +3525,19 @@ DEMO_INPUTS = ["write todo.txt buy milk",
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
-    saved_folder = current_directory()
-    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder:
+    saved_folder, saved_checkpoints = current_directory(), CHECKPOINTS
+    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder, \
+            mock.patch.dict(os.environ):        # HOME, LEARN_HERMES_HOME, PATH come back
         try:
             enter_demo_folder(Path(folder))
-            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
-                               f"state folder, and an rm that only prints.", style="dim"))
-            demo_checkpoints(session)
+            console.print(Text(f"The demo works in a temporary folder: {folder}", style="dim"))
+            for name, text in DEMO_FILES.items():
+                Path(name).write_text(text, encoding="utf-8")
+            use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
+            for line in DEMO_INPUTS:    # a write, a destructive command (no approval), /rollback
+                demo_turn(session, line)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            use_checkpoints(saved_checkpoints)
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
@@ -3862,6 +3800,8 @@ COMMANDS["/memory"] = show_memory
 def demo_turn(session: Session, line: str) -> bool:
     shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line):,} characters)"
     console.print(Text(f"\n{STAGE}> {shown}", style="bold"))
+    if line.startswith("/"):            # s12: the demo's /rollback commands
+        return handle_command(session, line)
     return run_turn(session, line)
 
 # ── [s08] Skill commands ────────────────────────────────────────────────────
@@ -4105,7 +4045,7 @@ def add_setting_flag(parser, setting: Setting) -> None:
         parser.add_argument(setting.flag, dest=setting.key, action="store_const",
                             const="true", help=help_text)
         if setting.default is True:     # s12: what is on by default can be switched off
-            parser.add_argument(off_flag(setting), dest=setting.key, action="store_const",
+            parser.add_argument("--no-" + setting.flag[2:], dest=setting.key, action="store_const",
                                 const="false", help=f"switch {setting.key} off")
     else:
         metavar = "{" + ",".join(setting.choices) + "}" if setting.kind == "choice" else \
@@ -4163,29 +4103,34 @@ def checkpoints_from_config(config: Config) -> CheckpointManager | None:
                              config["checkpoints.max_files"],
                              config["checkpoints.max_file_size_mb"])
 
-def off_flag(setting: Setting) -> str:
-    """--no-checkpoints for --checkpoints: the flag that switches a bool setting off."""
-    return "--no-" + setting.flag.removeprefix("--")
-
 def rollback_command(session: Session, argument: str) -> None:
-    """/rollback: list; /rollback diff N; /rollback N. Nothing is asked: a rollback takes
-    a checkpoint first, so it can be undone (also in a pipe)."""
+    """/rollback; /rollback diff N; /rollback N. Nothing is asked: a rollback can be undone."""
     manager = CHECKPOINTS
     if manager is None:
         console.print(Text(CHECKPOINTS_OFF, style="yellow"))
         return
     first, _, rest = argument.partition(" ")
     try:
-        if not first:
-            show_checkpoints(manager)
+        if not first:               # the list, newest first
+            checkpoints = manager.list()
+            if not checkpoints:
+                why = never_checkpointed(manager.project, manager.home)
+                console.print(Text(f"no checkpoints: {why}" if why else f"no checkpoints of "
+                                   f"{manager.project} yet: the first change of a turn takes one"))
+            for c in checkpoints:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
+                console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.reason}"))
         elif first == "diff":       # from checkpoint N to now; visible(): no escape runs
             lines = manager.diff(checkpoint_number(rest.strip() or "1")).splitlines()
             for line in lines[:MAX_DIFF_LINES]:
                 console.print(Text(visible(line.expandtabs())))
             if len(lines) > MAX_DIFF_LINES:
                 console.print(Text(f"… {len(lines) - MAX_DIFF_LINES} more lines", style="dim"))
-        else:
-            show_restored(manager.restore(checkpoint_number(argument)))
+        else:                       # the restore took a checkpoint first: the way back
+            c, undo = manager.restore(checkpoint_number(argument))
+            console.print(Text(f"restored the project to checkpoint {c.short} ({c.reason})\nthe "
+                               f"state before this rollback is checkpoint 1 now "
+                               f"({undo[:SHORT_ID_CHARS]}): /rollback 1 undoes it", style="green"))
     except (CheckpointError, OSError) as exc:       # OSError: the store's folder, say
         console.print(Text(f"error: {exc}", style="red"))
 
@@ -4195,40 +4140,9 @@ def checkpoint_number(text: str) -> int | str:
     """1 to 999 are numbers in the list; any other text is no checkpoint (find_checkpoint())."""
     return int(text) if text.isdecimal() and len(text) <= 3 else text
 
-def show_checkpoints(manager: CheckpointManager) -> None:
-    checkpoints = manager.list()
-    if not checkpoints:
-        problem = never_checkpointed(manager.project, manager.home)
-        console.print(Text(f"no checkpoints: {problem}" if problem else f"no checkpoints of "
-                           f"{manager.project} yet: the first change of a turn takes one"))
-    for c in checkpoints:                   # newest first
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-        console.print(Text(f"  {c.index:>2}  {c.short}  {when}  {c.reason}"))
-
-def show_restored(restored: Restored) -> None:
-    c = restored.checkpoint
-    console.print(Text(f"restored the project to checkpoint {c.short} ({c.reason})",
-                       style="green"))
-    console.print(Text(f"the state before this rollback is checkpoint 1 now "
-                       f"({restored.undo[:SHORT_ID_CHARS]}): /rollback 1 undoes it", style="dim"))
-
 DEMO_FILES = {"pyproject.toml": "[project]\nname = \"demo\"\n",     # a project marker
               "notes.txt": "Every change can be taken back.\nSo the agent may act.\n",
               "app.py": "print('hello')\n", ".env": "TOKEN=left out of every checkpoint\n"}
-
-def demo_checkpoints(session: Session) -> None:
-    for name, text in DEMO_FILES.items():
-        Path(name).write_text(text, encoding="utf-8")
-    saved = use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
-    try:                    # a write, a destructive command (no approval needed), /rollback
-        for line in DEMO_INPUTS:
-            if line.startswith("/"):
-                console.print(Text(f"\n{STAGE}> {line}", style="bold"))
-                handle_command(session, line)
-            else:
-                demo_turn(session, line)
-    finally:
-        use_checkpoints(saved)
 
 # ── Offline model (not part of the lesson) ──────────────────────────────────
 

@@ -1026,7 +1026,7 @@ def test_the_teaching_edition_checkpoints_before_any_command_that_runs(stage_nam
     m = manager(stage, project, state)
     stage.use_checkpoints(m)
     try:
-        m.new_turn()
+        m.turn_taken = False                            # a new turn, as run_turn() starts it
         json.loads(stage.terminal_tool(command))
         assert [c.reason for c in m.list()] == [f"before terminal: {command}"]
         (project / "README.md").write_text("changed\n")
