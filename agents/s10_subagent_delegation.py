@@ -2528,7 +2528,6 @@ def run_tool_calls(tool_calls: list, messages: list, on_event, offered: dict,
                    guardrails: ToolCallGuardrails | None = None) -> bool:
     """Check every call at the door, run the valid ones in order; each call gets
     exactly one tool message. Returns True if at least one call was valid.
-    Valid calls run through the turn's `guardrails`, which may add a note.
 
     If Ctrl-C arrives, the interrupted call and every call after it still get a
     result ("interrupted"), so the conversation stays valid; then we re-raise.
