@@ -44,7 +44,6 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
-
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None) -> str:
     """The agent loop: it ends on a message without tool calls (finish_reason can lie)."""
@@ -136,7 +135,6 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
@@ -214,7 +212,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """Output cut to its first and last part, and a count of the cut: errors come at the end."""

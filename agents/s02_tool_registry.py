@@ -267,7 +267,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function",
@@ -344,7 +343,6 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
-
 
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
@@ -443,7 +441,6 @@ def start_command(command: str) -> subprocess.Popen:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
@@ -521,7 +518,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """Output cut to its first and last part, and a count of the cut: errors come at the end."""
@@ -760,7 +756,6 @@ def main(argv=None) -> int:
     return repl(session) if args.prompt is None else run_prompt(session, args.prompt)
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
-
 
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}

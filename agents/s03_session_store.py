@@ -206,7 +206,6 @@ def session_search(query: str, limit: int = 5) -> str:
 
 # ── [s03] Session store details ─────────────────────────────────────────────
 
-
 def is_searchable(message: dict) -> bool:
     """Only what was said: not a system prompt (it is in every session) and not an earlier
     session_search result (or every search would find the searches before it)."""
@@ -464,7 +463,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function",
@@ -541,7 +539,6 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
-
 
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
@@ -640,7 +637,6 @@ def start_command(command: str) -> subprocess.Popen:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
@@ -718,7 +714,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """Output cut to its first and last part, and a count of the cut: errors come at the end."""
@@ -984,7 +979,6 @@ def main(argv=None) -> int:
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
 
-
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
@@ -1002,7 +996,6 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 # ── [s03] Session commands ──────────────────────────────────────────────────
-
 
 def show_sessions(session: Session, argument: str) -> None:
     if session.store is None:

@@ -159,7 +159,6 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 
 # ── [s06] Iteration budget ──────────────────────────────────────────────────
 
-
 class IterationBudget:
     """How many model calls one user turn may make (--max-iterations). The lock: later stages
     share one budget between threads, and two that both read "1 left" must not both get it."""
@@ -262,7 +261,6 @@ class ToolCallGuardrails:
         return None
 
 # ── [s06] Recovery details ──────────────────────────────────────────────────
-
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
     """The seconds the endpoint's `Retry-After` asks for; None if absent, a date or no number."""
@@ -672,7 +670,6 @@ THREAT_PATTERNS = [
                 + _SECRET_FILE)),
 ]
 
-
 # What a browser never shows: comments, closed or not, and the "bogus comments" <?…>, <!…>.
 _HIDDEN_TEXT = re.compile(r"<!--.*?(?:-->|\Z)|<[?!][^>]*", re.DOTALL)
 _COMMENT_KEYWORD = re.compile(r"(?<![a-z])(?:ignore|override|system|secret|hidden)(?![a-z])"
@@ -864,7 +861,6 @@ def session_search(query: str, limit: int = 5) -> str:
     return json.dumps({"note": HISTORY_NOTE, "results": found}, ensure_ascii=False)
 
 # ── [s03] Session store details ─────────────────────────────────────────────
-
 
 def is_searchable(message: dict) -> bool:
     """Only what was said: not a system prompt (it is in every session) and not an earlier
@@ -1123,7 +1119,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function",
@@ -1200,7 +1195,6 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
-
 
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
@@ -1315,7 +1309,6 @@ def start_command(command: str) -> subprocess.Popen:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
@@ -1393,7 +1386,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """Output cut to its first and last part, and a count of the cut: errors come at the end."""
@@ -1686,7 +1678,6 @@ def main(argv=None) -> int:
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
 
-
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
@@ -1704,7 +1695,6 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 # ── [s03] Session commands ──────────────────────────────────────────────────
-
 
 def show_sessions(session: Session, argument: str) -> None:
     if session.store is None:
@@ -1766,7 +1756,6 @@ def close_session(session: Session) -> None:
 
 # ── [s04] Prompt commands ───────────────────────────────────────────────────
 
-
 def show_prompt(session: Session, argument: str) -> None:
     first = session.messages[0] if session.messages else {}
     if first.get("role") != "system":
@@ -1779,7 +1768,6 @@ def show_prompt(session: Session, argument: str) -> None:
 COMMANDS["/prompt"] = show_prompt
 
 # ── [s05] Compression commands ──────────────────────────────────────────────
-
 
 def describe_compression(report: dict) -> str:
     return (f"[context {report['before']:,} → {report['after']:,} tokens "
@@ -1804,7 +1792,6 @@ COMMANDS["/compress"] = compress_command
 DEMO_CONTEXT_LENGTH = 1_000             # tokens for the messages: compression after a few turns
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
-
 
 def show_recovery(session: Session, argument: str) -> None:
     """/recovery: what this session does when a model call fails or loops."""

@@ -648,7 +648,6 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 
 # ── [s06] Iteration budget ──────────────────────────────────────────────────
 
-
 class IterationBudget:
     """How many model calls one user turn may make (--max-iterations). The lock: later stages
     share one budget between threads, and two that both read "1 left" must not both get it."""
@@ -751,7 +750,6 @@ class ToolCallGuardrails:
         return None
 
 # ── [s06] Recovery details ──────────────────────────────────────────────────
-
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
     """The seconds the endpoint's `Retry-After` asks for; None if absent, a date or no number."""
@@ -1165,7 +1163,6 @@ THREAT_PATTERNS = [
                 + _SECRET_FILE)),
 ]
 
-
 # What a browser never shows: comments, closed or not, and the "bogus comments" <?…>, <!…>.
 _HIDDEN_TEXT = re.compile(r"<!--.*?(?:-->|\Z)|<[?!][^>]*", re.DOTALL)
 _COMMENT_KEYWORD = re.compile(r"(?<![a-z])(?:ignore|override|system|secret|hidden)(?![a-z])"
@@ -1357,7 +1354,6 @@ def session_search(query: str, limit: int = 5) -> str:
     return json.dumps({"note": HISTORY_NOTE, "results": found}, ensure_ascii=False)
 
 # ── [s03] Session store details ─────────────────────────────────────────────
-
 
 def is_searchable(message: dict) -> bool:
     """Only what was said: not a system prompt (it is in every session) and not an earlier
@@ -1616,7 +1612,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function",
@@ -1693,7 +1688,6 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
-
 
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
@@ -1808,7 +1802,6 @@ def start_command(command: str) -> subprocess.Popen:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
@@ -1886,7 +1879,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """Output cut to its first and last part, and a count of the cut: errors come at the end."""
@@ -2193,7 +2185,6 @@ def main(argv=None) -> int:
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
 
-
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
@@ -2211,7 +2202,6 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 # ── [s03] Session commands ──────────────────────────────────────────────────
-
 
 def show_sessions(session: Session, argument: str) -> None:
     if session.store is None:
@@ -2273,7 +2263,6 @@ def close_session(session: Session) -> None:
 
 # ── [s04] Prompt commands ───────────────────────────────────────────────────
 
-
 def show_prompt(session: Session, argument: str) -> None:
     first = session.messages[0] if session.messages else {}
     if first.get("role") != "system":
@@ -2286,7 +2275,6 @@ def show_prompt(session: Session, argument: str) -> None:
 COMMANDS["/prompt"] = show_prompt
 
 # ── [s05] Compression commands ──────────────────────────────────────────────
-
 
 def describe_compression(report: dict) -> str:
     return (f"[context {report['before']:,} → {report['after']:,} tokens "
@@ -2311,7 +2299,6 @@ COMMANDS["/compress"] = compress_command
 DEMO_CONTEXT_LENGTH = 1_000             # tokens for the messages: compression after a few turns
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
-
 
 def show_recovery(session: Session, argument: str) -> None:
     """/recovery: what this session does when a model call fails or loops."""
@@ -2339,7 +2326,6 @@ def retry_policy_from_args(args, session: Session) -> RetryPolicy:
 
 # ── [s07] Memory commands ───────────────────────────────────────────────────
 
-
 def show_memory(session: Session, argument: str) -> None:
     """/memory: both memory files as they are on disk now (this session's prompt may be older)."""
     store = MemoryStore(hermes_home())
@@ -2363,7 +2349,6 @@ def demo_turn(session: Session, line: str) -> bool:
     return run_turn(session, line)
 
 # ── [s08] Skill commands ────────────────────────────────────────────────────
-
 
 def show_skills(session: Session, argument: str) -> None:
     """/skills: the skills part of a new session's system prompt."""

@@ -530,10 +530,11 @@ def blank_lines_above(definition: Definition, text: str, previous: str | None) -
     """As the source has them, but one around a function or class: a definition carried by
     only one edition may stand next to other neighbours than in the source. One, not PEP 8's
     two: the section banners already group the file, and the teaching edition has a line
-    budget spent better on code than on ~330 extra blank lines (s12)."""
+    budget spent better on code than on ~330 extra blank lines (s12). At most one anywhere
+    else too, e.g. right below a banner."""
     if previous is not None and (is_function_or_class(text) or is_function_or_class(previous)):
         return 1
-    return definition.blank_lines
+    return min(definition.blank_lines, 1)
 
 
 def is_function_or_class(text: str) -> bool:

@@ -297,7 +297,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     return {"type": "function",
             "function": {"name": name, "description": description,
@@ -495,7 +494,6 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
-
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
     """The agent loop. Returns the final answer text.
@@ -622,7 +620,6 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
     # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
@@ -690,7 +687,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
@@ -738,7 +734,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """A command's output in bounded memory: the first and the last part, and a count
@@ -1108,7 +1103,6 @@ def main(argv=None) -> int:
     return repl(session)
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
-
 
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}

@@ -577,7 +577,6 @@ def found_by(rule, words: str, judge: Callable | None) -> bool:
         return bool(rule.search(words))
     return any(judge(words, match) for match in rule.finditer(words))
 
-
 # Where a clause or a sentence ends in text that fold_text() made. A line break alone
 # is no break, as Markdown wraps sentences; a blank line, a heading or a list item is.
 _CLAUSE_BREAK = re.compile(r"[.;:!?,](?=\s|$)|\n(?:\n|(?=[-*+#>] |\d+\. ))")
@@ -1197,7 +1196,6 @@ def session_search(query: str, limit: int = 5) -> str:
 
 # ── [s03] Session store details ─────────────────────────────────────────────
 
-
 def is_searchable(message: dict) -> bool:
     """Only what was said is indexed: not a system prompt (the same in every session,
     so it would match everywhere) and not an earlier session_search result (or every
@@ -1488,7 +1486,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     return {"type": "function",
             "function": {"name": name, "description": description,
@@ -1686,7 +1683,6 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
-
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
     """The agent loop. Returns the final answer text.
@@ -1813,7 +1809,6 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
     # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
@@ -1881,7 +1876,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
@@ -1929,7 +1923,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """A command's output in bounded memory: the first and the last part, and a count
@@ -2340,7 +2333,6 @@ def main(argv=None) -> int:
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
 
-
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
@@ -2358,7 +2350,6 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 # ── [s03] Session commands ──────────────────────────────────────────────────
-
 
 def show_sessions(session: Session, argument: str) -> None:
     if session.store is None:
@@ -2433,7 +2424,6 @@ def close_session(session: Session) -> None:
         ActiveSession.store = None
 
 # ── [s04] Prompt commands ───────────────────────────────────────────────────
-
 
 def show_prompt(session: Session, argument: str) -> None:
     first = session.messages[0] if session.messages else {}

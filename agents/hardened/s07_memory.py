@@ -508,7 +508,6 @@ def compress_for_overflow(client, model: str, messages: list) -> bool:
 
 # ── [s06] Iteration budget ──────────────────────────────────────────────────
 
-
 class IterationBudget:
     """How many model calls the agent loop may make. One budget per user turn, sized
     by --max-iterations; each call of the loop consumes one unit, auxiliary calls
@@ -654,7 +653,6 @@ class ToolCallGuardrails:
         return None
 
 # ── [s06] Recovery details ──────────────────────────────────────────────────
-
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
     """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
@@ -1512,7 +1510,6 @@ def found_by(rule, words: str, judge: Callable | None) -> bool:
         return bool(rule.search(words))
     return any(judge(words, match) for match in rule.finditer(words))
 
-
 # Where a clause or a sentence ends in text that fold_text() made. A line break alone
 # is no break, as Markdown wraps sentences; a blank line, a heading or a list item is.
 _CLAUSE_BREAK = re.compile(r"[.;:!?,](?=\s|$)|\n(?:\n|(?=[-*+#>] |\d+\. ))")
@@ -2133,7 +2130,6 @@ def session_search(query: str, limit: int = 5) -> str:
 
 # ── [s03] Session store details ─────────────────────────────────────────────
 
-
 def is_searchable(message: dict) -> bool:
     """Only what was said is indexed: not a system prompt (the same in every session,
     so it would match everywhere) and not an earlier session_search result (or every
@@ -2424,7 +2420,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     return {"type": "function",
             "function": {"name": name, "description": description,
@@ -2622,7 +2617,6 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
-
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
                      context_length: int | None = None,
@@ -2763,7 +2757,6 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
     # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
@@ -2831,7 +2824,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
@@ -2879,7 +2871,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """A command's output in bounded memory: the first and the last part, and a count
@@ -3308,7 +3299,6 @@ def main(argv=None) -> int:
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
 
-
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
@@ -3326,7 +3316,6 @@ def toolset_list(text: str) -> set[str]:
     return names
 
 # ── [s03] Session commands ──────────────────────────────────────────────────
-
 
 def show_sessions(session: Session, argument: str) -> None:
     if session.store is None:
@@ -3402,7 +3391,6 @@ def close_session(session: Session) -> None:
 
 # ── [s04] Prompt commands ───────────────────────────────────────────────────
 
-
 def show_prompt(session: Session, argument: str) -> None:
     first = session.messages[0] if session.messages else {}
     if first.get("role") != "system":
@@ -3415,7 +3403,6 @@ def show_prompt(session: Session, argument: str) -> None:
 COMMANDS["/prompt"] = show_prompt
 
 # ── [s05] Compression commands ──────────────────────────────────────────────
-
 
 def describe_compression(report: dict) -> str:
     return (f"[context {report['before']:,} → {report['after']:,} tokens "
@@ -3445,7 +3432,6 @@ def demo_context_length(tools: list) -> int:
     return DEMO_CONTEXT_LENGTH + 2 * estimate_tokens([], tools)
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
-
 
 def show_recovery(session: Session, argument: str) -> None:
     """/recovery: what this session does when a model call fails or loops."""
@@ -3491,7 +3477,6 @@ def every_call_answered(messages: list) -> bool:
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
 
-
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",
@@ -3512,7 +3497,6 @@ def recovery_demo_session(template: Session, max_iterations: int) -> Session:
     return session
 
 # ── [s07] Memory commands ───────────────────────────────────────────────────
-
 
 def show_memory(session: Session, argument: str) -> None:
     """Both memory files as they are on disk now (this session's prompt may be older),

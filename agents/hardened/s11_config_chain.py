@@ -485,7 +485,6 @@ def expected(setting: Setting) -> str:
 
 # ── [s11] Using the settings ────────────────────────────────────────────────
 
-
 def apply_limits(config: Config) -> None:
     """Limits that earlier stages keep as module constants, set once from the chain at
     start-up, before any session, tool or thread reads them."""
@@ -667,7 +666,6 @@ CHILD_SYSTEM_PROMPT = (
     "your tools, then answer with what you found or did, briefly and completely; only "
     "your final answer reaches the other agent. Nobody can answer questions from you, "
     "and commands that need a person's approval are refused.")
-
 
 # What delegate_task needs from the agent calling it; DELEGATION holds it for the code
 # running now. A ContextVar like s09's APPROVAL_CONTEXT: each child's thread sets its own.
@@ -1794,7 +1792,6 @@ def names_matching(pattern: str, names: tuple) -> list[str]:
 
 _GLOBS_SEEN = contextvars.ContextVar("detector_globs", default=None)
 _SYSTEM_DIR_NAMES = tuple(sorted(SYSTEM_DIRS))
-
 
 _GLOB = re.compile(r"[*?\[]")
 _EVERYTHING = re.compile(r"\.?[*?]+")           # a glob matching every name: *, .*, ?*
@@ -4146,10 +4143,8 @@ SMART_REVIEW_PROMPT = (
     "if it is clearly harmless, DENY if it could damage the system, data or credentials, "
     "ESCALATE if you are not sure (a person then decides).")
 
-
 NO_TERMINAL = ("no terminal to ask on (input is not a TTY), and an unattended run denies the "
                "dangerous tier unless --yolo or --approval-mode off")
-
 
 ENTER_ALONE = "no choice was typed (Enter alone denies)"
 
@@ -5624,7 +5619,6 @@ def compress_for_overflow(client, model: str, messages: list) -> bool:
 
 # ── [s06] Iteration budget ──────────────────────────────────────────────────
 
-
 class IterationBudget:
     """How many model calls the agent loop may make. One budget per user turn, sized
     by --max-iterations; each call of the loop consumes one unit, auxiliary calls
@@ -5771,7 +5765,6 @@ class ToolCallGuardrails:
         return None
 
 # ── [s06] Recovery details ──────────────────────────────────────────────────
-
 
 def retry_after_seconds(headers, now: float | None = None) -> float | None:
     """The wait an endpoint asked for: `retry-after-ms` (OpenAI's), or `Retry-After`
@@ -6632,7 +6625,6 @@ def found_by(rule, words: str, judge: Callable | None) -> bool:
         return bool(rule.search(words))
     return any(judge(words, match) for match in rule.finditer(words))
 
-
 # Where a clause or a sentence ends in text that fold_text() made. A line break alone
 # is no break, as Markdown wraps sentences; a blank line, a heading or a list item is.
 _CLAUSE_BREAK = re.compile(r"[.;:!?,](?=\s|$)|\n(?:\n|(?=[-*+#>] |\d+\. ))")
@@ -7253,7 +7245,6 @@ def session_search(query: str, limit: int = 5) -> str:
 
 # ── [s03] Session store details ─────────────────────────────────────────────
 
-
 def is_searchable(message: dict) -> bool:
     """Only what was said is indexed: not a system prompt (the same in every session,
     so it would match everywhere) and not an earlier session_search result (or every
@@ -7548,7 +7539,6 @@ def build_registry() -> ToolRegistry:
 
 # ── [s02] File tool details ─────────────────────────────────────────────────
 
-
 def function_schema(name: str, description: str, properties: dict, required: list) -> dict:
     return {"type": "function",
             "function": {"name": name, "description": description,
@@ -7746,7 +7736,6 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ── [s01] The agent loop ────────────────────────────────────────────────────
 
-
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None,
                      context_length: int | None = None,
@@ -7892,7 +7881,6 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
-
 def make_client(base_url: str | None, api_key: str | None):
     """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
     # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
@@ -7958,7 +7946,6 @@ def first_line(text: str, limit: int = 200) -> str:
 
 # ── [s01] Loop details ──────────────────────────────────────────────────────
 
-
 class NotAnAPIError(openai.OpenAIError):
     """The URL answered, but not the way an OpenAI-compatible API does (a web page, say)."""
 
@@ -8006,7 +7993,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
 
 # ── [s01] Terminal details ──────────────────────────────────────────────────
-
 
 class BoundedOutput:
     """A command's output in bounded memory: the first and the last part, and a count
@@ -8464,7 +8450,6 @@ def main(argv=None) -> int:
 
 # ── [s02] Tool commands ─────────────────────────────────────────────────────
 
-
 def show_tools(session: Session, argument: str) -> None:
     offered = {tool["function"]["name"] for tool in session.tools}
     for toolset in REGISTRY.toolsets():
@@ -8474,7 +8459,6 @@ def show_tools(session: Session, argument: str) -> None:
 COMMANDS["/tools"] = show_tools
 
 # ── [s03] Session commands ──────────────────────────────────────────────────
-
 
 def show_sessions(session: Session, argument: str) -> None:
     if session.store is None:
@@ -8550,7 +8534,6 @@ def close_session(session: Session) -> None:
 
 # ── [s04] Prompt commands ───────────────────────────────────────────────────
 
-
 def show_prompt(session: Session, argument: str) -> None:
     first = session.messages[0] if session.messages else {}
     if first.get("role") != "system":
@@ -8563,7 +8546,6 @@ def show_prompt(session: Session, argument: str) -> None:
 COMMANDS["/prompt"] = show_prompt
 
 # ── [s05] Compression commands ──────────────────────────────────────────────
-
 
 def describe_compression(report: dict) -> str:
     return (f"[context {report['before']:,} → {report['after']:,} tokens "
@@ -8594,7 +8576,6 @@ def demo_context_length(tools: list) -> int:
 
 # ── [s06] Error recovery commands ───────────────────────────────────────────
 
-
 def show_recovery(session: Session, argument: str) -> None:
     """/recovery: what this session does when a model call fails or loops."""
     policy = session.recovery
@@ -8622,7 +8603,6 @@ def every_call_answered(messages: list) -> bool:
 
 DEMO_BASE_DELAY = 0.01                  # the demo waits 1/200 of the real backoff
 
-
 DEMO_TITLES = {                         # what each of DEMO_INPUTS shows
     "fail rate_limit": "A 429 with Retry-After: wait as asked, then the same request again.",
     "fail connection": "A dropped connection: retried after a short, jittered wait.",
@@ -8643,7 +8623,6 @@ def recovery_demo_session(template: Session, max_iterations: int) -> Session:
     return session
 
 # ── [s07] Memory commands ───────────────────────────────────────────────────
-
 
 def show_memory(session: Session, argument: str) -> None:
     """Both memory files as they are on disk now (this session's prompt may be older),
@@ -8706,7 +8685,6 @@ def demo_memory(template: Session) -> bool:
 
 # ── [s08] Skill commands ────────────────────────────────────────────────────
 
-
 def show_skills(session: Session, argument: str) -> None:
     """/skills: what the index of a new session lists, and the folders it leaves out."""
     root = skills_root()
@@ -8756,7 +8734,6 @@ def skills_part(prompt: str) -> str:
 
 # ── [s09] Permission commands ───────────────────────────────────────────────
 
-
 def toggle_yolo(session: Session, argument: str) -> None:
     """/yolo: YOLO on or off for the current session id only; never for a key that the
     managed file locked (s11)."""
@@ -8805,7 +8782,6 @@ def show_permissions(session: Session, argument: str) -> None:
 COMMANDS["/yolo"] = toggle_yolo
 COMMANDS["/permissions"] = show_permissions
 
-
 STUB_RM = '#!/bin/sh\necho "stub rm: $*"\n'     # the demo's rm: it only prints its arguments
 
 def enter_demo_folder(root: Path) -> None:
@@ -8853,7 +8829,6 @@ def demo_yolo(session: Session) -> None:
                        f"{(Path.home() / '.ssh' / 'authorized_keys').exists()}", style="dim"))
 
 # ── [s10] Delegation commands ───────────────────────────────────────────────
-
 
 def show_child_event(event: dict) -> None:
     """A child's progress as a tree under the parent's delegate_task line, prefixed
@@ -8925,7 +8900,6 @@ def show_delegation(session: Session, argument: str) -> None:
         console.print(Text(f"  {name:<10} {value}"))
 
 COMMANDS["/delegation"] = show_delegation
-
 
 DEMO_NOTES = "Sub-agents start with nothing but their goal.\n"
 
