@@ -1426,9 +1426,8 @@ def call_fallback(client, model: str, messages: list, tools: list, policy: Retry
 # ── [s06] Iteration budget ──────────────────────────────────────────────────
 
 class IterationBudget:
-    """How many model calls one user turn may make (--max-iterations). Thread-safe: s10's
-    sub-agents share one budget between threads, and two that both read "1 left" must not
-    both get it."""
+    """How many model calls one user turn may make (--max-iterations). The lock: s10's
+    children share one budget between threads, and two that read "1 left" must not both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
@@ -1447,10 +1446,6 @@ class IterationBudget:
         """Give one unit back, for a call that should not count; never below zero."""
         with self._lock:
             self.used = max(0, self.used - 1)
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.max_total - self.used)
 
 # ── [s06] Tool-call guardrails ──────────────────────────────────────────────
 
@@ -2485,9 +2480,7 @@ def run_conversation(client, model: str, messages: list,
     The loop ends when the assistant message has no tool calls: we trust the
     message itself, not finish_reason, which some servers report wrongly.
     `tools` is the list of definitions offered (default: every available tool).
-    Before every model call, compress_context() keeps the messages inside the
-    model's `context_length` (s05).
-    `recovery` says how a failed model call is retried (see call_model()).
+    Before every model call, compress_context() keeps the messages inside the window.
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
@@ -2767,8 +2760,8 @@ def show_event(kind: str, data: dict) -> None:
     elif kind == "tool_result":
         outcome = classify_tool_result(data["name"], data["result"])
         style = {"landed": "green", "error": "red", "refused": "yellow"}.get(outcome, "dim")
-        shown = delegation_summary(data["result"]) if data["name"] == "delegate_task" else None
-        console.print(Text(shown or indent_result(data["result"]), style=style))
+        shown = delegation_summary(parse_result(data["result"]) or {})     # s10: delegate_task
+        console.print(Text(indent_result(shown or data["result"]), style=style))
         if outcome != "ok":
             console.print(Text(f"    [{outcome}]", style=style))
         if data.get("note"):                # a guardrail's words, as the model gets them
@@ -3278,14 +3271,14 @@ def show_child_event(event: dict) -> None:
         return
     console.print(Text("    " + line, style="magenta"))
 
-def delegation_summary(result: str) -> str | None:
-    """One line per child of a delegate_task result, and the budget; None for an error."""
-    data = parse_result(result) or {}
+def delegation_summary(data: dict) -> str | None:
+    """A delegate_task result in words: one line per child, then the budget; else None.
+    The REPL shows it under ←, and the offline model answers with it."""
     if not isinstance(data.get("children"), list):
         return None
-    return "\n".join(["  ←", *(f"    [{child['task']}] {child['status']}: " + visible(
-        first_line(child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
-                      f"    {data.get('budget', '')}"])
+    return "\n".join([*(f"[{child['task']}] {child['status']}: " + visible(first_line(
+        child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
+                      data.get("budget", "")])
 
 def show_delegation(session: Session, argument: str) -> None:
     """/delegation: how sub-agents run in this session."""
@@ -3372,7 +3365,7 @@ def offline_summary(messages: list) -> str:
             data = {"output": result}
         if not isinstance(data, dict):
             data = {"output": result}
-        if summary := skill_summary(data) or delegation_words(data):
+        if summary := skill_summary(data) or delegation_summary(data):
             lines.append(summary)
         elif "exit_code" in data:
             output = first_line(data.get("output", ""), 120) or "(no output)"
@@ -3597,14 +3590,6 @@ def offline_review(request: str) -> str:
     keys = {finding.key for finding in detect_dangerous_command(command)}
     harmless = keys <= OFFLINE_REVIEW_APPROVE and len(command) <= 80 and not write_targets(command)
     return "DENY" if keys & OFFLINE_REVIEW_DENY else "APPROVE" if keys and harmless else "ESCALATE"
-
-def delegation_words(data: dict) -> str | None:
-    """The offline model's words about a delegate_task result; None for other tools."""
-    if not isinstance(data.get("children"), list):
-        return None
-    return "\n".join([f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} "
-                      f"model call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
-                      for child in data["children"]] + [f"Budget: {data.get('budget', '')}."])
 
 # ── Wiring: module-level set-up, run once everything above is defined ───────
 

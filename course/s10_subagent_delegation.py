@@ -999,14 +999,14 @@ def preview_line(text: str, limit: int = 100) -> str:
 
 
 #: teaching
-def delegation_summary(result: str) -> str | None:
-    """One line per child of a delegate_task result, and the budget; None for an error."""
-    data = parse_result(result) or {}
+def delegation_summary(data: dict) -> str | None:
+    """A delegate_task result in words: one line per child, then the budget; else None.
+    The REPL shows it under ←, and the offline model answers with it."""
     if not isinstance(data.get("children"), list):
         return None
-    return "\n".join(["  ←", *(f"    [{child['task']}] {child['status']}: " + visible(
-        first_line(child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
-                      f"    {data.get('budget', '')}"])
+    return "\n".join([*(f"[{child['task']}] {child['status']}: " + visible(first_line(
+        child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
+                      data.get("budget", "")])
 
 #: hardened
 def delegation_summary(result: str) -> str | None:
@@ -1137,15 +1137,6 @@ def completed_children(session: Session) -> int:
 #: more for Offline model (not part of the lesson)
 
 
-#: teaching
-def delegation_words(data: dict) -> str | None:
-    """The offline model's words about a delegate_task result; None for other tools."""
-    if not isinstance(data.get("children"), list):
-        return None
-    return "\n".join([f"Sub-agent {child['task']} ({child['status']}, {child['model_calls']} "
-                      f"model call(s)): {first_line(child['answer'] or child.get('note', ''), 160)}"
-                      for child in data["children"]] + [f"Budget: {data.get('budget', '')}."])
-
 #: hardened
 def delegation_words(data: dict) -> str | None:
     """The offline model's words about a delegate_task result; None for other tools."""
@@ -1196,9 +1187,7 @@ def run_conversation(client, model: str, messages: list,
     The loop ends when the assistant message has no tool calls: we trust the
     message itself, not finish_reason, which some servers report wrongly.
     `tools` is the list of definitions offered (default: every available tool).
-    Before every model call, compress_context() keeps the messages inside the
-    model's `context_length` (s05).
-    `recovery` says how a failed model call is retried (see call_model()).
+    Before every model call, compress_context() keeps the messages inside the window.
     """
     on_event = on_event or (lambda kind, data: None)
     tools = REGISTRY.get_definitions() if tools is None else tools
@@ -1317,9 +1306,8 @@ def wait_for_command(proc: subprocess.Popen, reader: threading.Thread, timeout: 
 
 #: teaching
 class IterationBudget:
-    """How many model calls one user turn may make (--max-iterations). Thread-safe: s10's
-    sub-agents share one budget between threads, and two that both read "1 left" must not
-    both get it."""
+    """How many model calls one user turn may make (--max-iterations). The lock: s10's
+    children share one budget between threads, and two that read "1 left" must not both get it."""
 
     def __init__(self, max_total: int):
         self.max_total = max_total
@@ -1338,10 +1326,6 @@ class IterationBudget:
         """Give one unit back, for a call that should not count; never below zero."""
         with self._lock:
             self.used = max(0, self.used - 1)
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.max_total - self.used)
 
 #: hardened
 class IterationBudget:
@@ -1599,6 +1583,25 @@ class Session:
         ActiveSession.session_id = session_id
 
 
+#: teaching
+def show_event(kind: str, data: dict) -> None:
+    """Print tool calls and results compactly."""
+    if kind == "tool_call":
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}",
+                           style="cyan"))
+    elif kind == "tool_result":
+        outcome = classify_tool_result(data["name"], data["result"])
+        style = {"landed": "green", "error": "red", "refused": "yellow"}.get(outcome, "dim")
+        shown = delegation_summary(parse_result(data["result"]) or {})     # s10: delegate_task
+        console.print(Text(indent_result(shown or data["result"]), style=style))
+        if outcome != "ok":
+            console.print(Text(f"    [{outcome}]", style=style))
+        if data.get("note"):                # a guardrail's words, as the model gets them
+            console.print(Text("    " + data["note"].strip(), style="yellow"))
+    elif kind in ("compressed", "compression_failed"):
+        show_compression_event(kind, data)
+
+#: hardened
 def show_event(kind: str, data: dict) -> None:
     """Print tool calls and results compactly."""
     if kind == "tool_call":
@@ -1880,6 +1883,55 @@ def offline_plan(text: str):
     return None
 
 
+#: teaching
+def offline_summary(messages: list) -> str:
+    """Summarise the tool results that follow the last assistant message."""
+    results = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, message.get("content") or "")
+    lines = []
+    for result in results:
+        try:
+            data = json.loads(result)
+        except json.JSONDecodeError:
+            data = {"output": result}
+        if not isinstance(data, dict):
+            data = {"output": result}
+        if summary := skill_summary(data) or delegation_summary(data):
+            lines.append(summary)
+        elif "exit_code" in data:
+            output = first_line(data.get("output", ""), 120) or "(no output)"
+            lines.append(f"The command exited with code {data['exit_code']}; "
+                         f"first line of output: {output}")
+            cut = re.search(r"\[(\d+) characters truncated\]", data.get("output", ""))
+            if cut:
+                lines.append(f"The output was long: I received its start and end, "
+                             f"{cut.group(1)} characters in the middle were cut.")
+        elif "bytes_written" in data:
+            lines.append(f"Wrote {data['bytes_written']} bytes to {data['path']}.")
+        elif "replacements" in data:
+            lines.append(f"Patched {data['path']}: {data['replacements']} replacement(s).")
+        elif "content" in data:
+            lines.append(f"{data['path']} has {data['total_lines']} line(s); line 1 reads: "
+                         f"{first_line(data['content'].partition('|')[2], 120)}")
+        elif "results" in data:
+            found = data["results"]
+            lines.append(f"Found {len(found)} earlier message(s)" + (
+                f"; best match in session {found[0]['session_id']}: {found[0]['snippet']}"
+                if found else "."))
+        elif "error" in data:
+            lines.append(f"The tool reported: {first_line(data['error'], 160)}")
+        elif "usage" in data:
+            lines.append(f"Saved in {data['file']}, now {data['usage']}. My system prompt "
+                         f"still holds the memory as it was when this session started; "
+                         f"the next session will see it.")
+        else:
+            lines.append(f"The tool answered: {first_line(result, 160)}")
+    return "\n".join(lines) or "Done."
+
+#: hardened
 def offline_summary(messages: list) -> str:
     """Summarise the tool results that follow the last assistant message."""
     results = []

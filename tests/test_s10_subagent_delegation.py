@@ -1183,11 +1183,24 @@ def test_the_offline_model_delegates_one_goal_or_several(stage, work):
     one = run_main(stage, "-p", "delegate $ echo hi")
     assert one.returncode == 0
     assert "    ├─ sub-agent started: $ echo hi\n" in one.stdout
+    child, budget = one.stdout.splitlines()[-2:]    # the model's answer: each child, the budget
+    assert "1" in child and "completed" in child and child.endswith(
+        "The command exited with code 0; first line of output: hi")
+    assert "3 of 30 model calls of this turn used (shared budget: children's calls count)" in budget
+    two = run_main(stage, "-p", "delegate $ echo a | $ echo b")
+    assert "    ├─ [2] sub-agent started: $ echo b\n" in two.stdout
+    assert two.stdout.splitlines()[-2].endswith("The command exited with code 0; first line "
+                                                  "of output: b")
+
+
+@pytest.mark.hardening
+def test_the_offline_model_names_each_sub_agent_and_its_model_calls(stage, work):
+    """The teaching edition's offline model answers with the REPL's summary lines."""
+    one = run_main(stage, "-p", "delegate $ echo hi")
     assert ("Sub-agent 1 (completed, 2 model call(s)): The command exited with code 0; first "
             "line of output: hi\nBudget: 3 of 30 model calls of this turn used (shared budget: "
             "children's calls count).\n") in one.stdout
     two = run_main(stage, "-p", "delegate $ echo a | $ echo b")
-    assert "    ├─ [2] sub-agent started: $ echo b\n" in two.stdout
     assert "Sub-agent 2 (completed, 2 model call(s)): The command exited with code 0; first " \
            "line of output: b\n" in two.stdout
 
