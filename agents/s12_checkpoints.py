@@ -707,8 +707,7 @@ PROGRESS_LOCK = threading.Lock()
 
 def delegate_task(goal: str | None = None, context: str | None = None,
                   toolsets: list | None = None, tasks: list | None = None) -> str:
-    """The tool: one task (goal, context, toolsets) or up to MAX_PARALLEL_CHILDREN in
-    `tasks`, run in parallel. The parent gets each child's final answer and status."""
+    """The tool: one task, or up to 3 in `tasks` run in parallel; returns each child's result."""
     parent = DELEGATION.get()
     if parent is None:
         return error_result("delegate_task runs only inside an agent's turn")
@@ -738,8 +737,7 @@ def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> 
     prompt = CHILD_SYSTEM_PROMPT + f"\n\nWorking directory: {current_directory()}"
     if spec["context"]:
         prompt += f"\n\nContext from the agent that delegated:\n{spec['context']}"
-    messages = [{"role": "system", "content": prompt},
-                {"role": "user", "content": spec["goal"]}]
+    messages = [{"role": "system", "content": prompt}, {"role": "user", "content": spec["goal"]}]
     return Child(parent, index, count, spec["goal"], tools, messages)
 
 class Child:
@@ -814,9 +812,8 @@ def run_children(parent: Delegator, children: list) -> list[dict]:
     (the heartbeat) while they work. Ctrl-C stops them: no more model or tool calls."""
     try:
         for child in children:
-            # A new, empty context: the thread sets its own approvals and depth.
             threading.Thread(target=contextvars.Context().run, args=(run_child, child),
-                             daemon=True).start()
+                             daemon=True).start()   # a new, empty context for run_child()
         for child in children:                  # Ctrl-C interrupts the wait
             while not child.finished.wait(parent.session.delegation.heartbeat_interval):
                 parent.touch(f"{len(children)} sub-agent(s) working, "
@@ -839,8 +836,7 @@ class DelegationSettings:
         self.heartbeat_interval, self.stale_beats = heartbeat_interval, stale_beats
 
 class Delegator:
-    """The agent that calls delegate_task, during one turn: its session (endpoint, model,
-    tools, settings), the turn's budget, its depth and where child progress goes."""
+    """Who calls delegate_task this turn: its session, budget and depth; where progress goes."""
 
     def __init__(self, session, budget: IterationBudget, depth: int = 0, on_progress=None):
         self.session, self.budget, self.depth = session, budget, depth
@@ -850,8 +846,7 @@ class Delegator:
         self.session.last_activity = (time.monotonic(), activity)
 
 def child_state_problem(real: Path) -> str | None:
-    """Why a sub-agent's write_file or patch may not write `real`: nothing in the
-    agent's state folder (memory, skills, sessions), as it has no memory tool."""
+    """Why a child may not write `real`: the agent's state (memory, skills, sessions) is not its."""
     delegation, home = DELEGATION.get(), Path(os.path.realpath(hermes_home()))
     if not delegation or not delegation.depth or (real != home and home not in real.parents):
         return None                             # the parent's own writes, or another folder
@@ -895,14 +890,11 @@ def child_tools(parent_tools: list, toolsets: list) -> list:
             and REGISTRY.get(name).toolset in toolsets]
 
 class ChildApprovals:
-    """A child's approval context: the parent's policy, its own session id, and nobody to
-    ask. An ApprovalContext of its own does the rest (it is defined further down)."""
+    """A child's ApprovalContext: the parent's policy, its own session id, nobody to ask."""
 
     def __init__(self, child: Child):
-        self.context, self.child = ApprovalContext(child.permissions, child, None), child
-
-    def __getattr__(self, name: str):
-        return getattr(self.context, name)      # permissions, session_id, ...
+        self.permissions, self.session_id, self.child = child.permissions, child.session_id, child
+        self.last_denial = "not approved"       # approve_command() says why it denied
 
     def yolo_source(self) -> None:
         return None
@@ -957,8 +949,7 @@ def child_outcome(child: Child, stopped: str) -> tuple[str, str, str]:
     return "error", "", first_line(stopped, 300)   # a guardrail halt, invalid calls
 
 def child_result(child: Child, status: str, answer: str, note: str) -> dict:
-    """What the parent receives: the final answer (capped), a status, counts, a note.
-    Never the child's messages."""
+    """What the parent receives: status, answer (capped), counts, a note; never the messages."""
     answer = safe_text(answer or "")
     if len(answer) > MAX_CHILD_ANSWER_CHARS:
         cut = len(answer) - MAX_CHILD_ANSWER_CHARS
@@ -3868,8 +3859,7 @@ def with_approvals(permissions: Permissions, session: Session, function) -> None
 # ── [s10] Delegation commands ───────────────────────────────────────────────
 
 def show_child_event(event: dict) -> None:
-    """A child's progress as a tree under the parent's delegate_task line, [1], [2], [3]
-    when several run. Only run_children()'s "closed" event, last, draws the closing └─."""
+    """A child's progress as a tree line, [1], [2], [3] when several run; the last, └─, ends it."""
     tag, kind = f"[{event.get('index')}] " if event["count"] > 1 else "", event["event"]
     if kind == "started":
         line = f"├─ {tag}sub-agent started: {preview(event['goal'])}"
@@ -3888,13 +3878,12 @@ def show_child_event(event: dict) -> None:
         return
     console.print(Text("    " + line, style="magenta"))
 
-def delegation_summary(data: dict) -> str | None:
-    """A delegate_task result in words: one line per child, then the budget; else None.
-    The REPL shows it under ←, and the offline model answers with it."""
+def delegation_summary(data: dict, limit: int = 100) -> str | None:
+    """One line per child of a delegate_task result, then the budget; None for other results."""
     if not isinstance(data.get("children"), list):
         return None
     return "\n".join([*(f"[{child['task']}] {child['status']}: " + visible(first_line(
-        child["answer"] or child.get("note", ""), 100)) for child in data["children"]),
+        child["answer"] or child.get("note", ""), limit)) for child in data["children"]),
                       data.get("budget", "")])
 
 def show_delegation(session: Session, argument: str) -> None:
@@ -4171,7 +4160,7 @@ def offline_summary(messages: list) -> str:
             data = {"output": result}
         if not isinstance(data, dict):
             data = {"output": result}
-        if summary := skill_summary(data) or delegation_summary(data):
+        if summary := skill_summary(data) or delegation_summary(data, 160):
             lines.append(summary)
         elif "exit_code" in data:
             output = first_line(data.get("output", ""), 120) or "(no output)"
