@@ -7,17 +7,12 @@ What this stage adds
     origin and is checked by convert(): a bad one stops the start. approvals.deny rules
     block before YOLO; no tool changes a config file.
 
-    managed file ──────────────── locks the keys it sets (a warning for each override)
-        ▲ beats
-    --flags ──▶ environment ──▶ config.yaml ──▶ defaults      (strongest first)
-                             ▼
-             convert(setting, text) for every value of every layer → Config
-             key → Resolved(value, origin)  ──▶ --show-config, /config
+    managed file (locks) ──▶ --flags ──▶ environment ──▶ config.yaml ──▶ defaults
+    each value: convert(setting, text) ──▶ Config: key → Resolved(value, origin)
 
 Reading guide
-    "[s11] Configuration chain" is the lesson (SETTINGS, load_config(), resolve_settings());
-    then read_config_file() and convert(), where the values go, and, in the plumbing,
-    "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
+    "[s11] Configuration chain" is the lesson; then reading and checking values, where they
+    go, and "[s11] Configuration commands". agents/hardened/ adds details.
     Changed in earlier stages' sections: tool_fields(), TOOL_CHOICE_FIX in [s01];
     gate_checks(), Permissions, allowlist_holding(), policy_files() in [s09]; and 10
     definitions of the plumbing (python course/build.py --changes s11 lists them all).
@@ -62,7 +57,7 @@ import openai
 import yaml
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 # ── [s11] Configuration chain ───────────────────────────────────────────────
@@ -269,12 +264,10 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
                           f"(key: value lines)")
-    entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings)
-    return entries
+    return collect_entries(root, "", label, shown, environ, [], warnings)
 
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list) -> None:
+                    warnings: list) -> list[Entry]:
     """A known key is an entry, a section is walked, an unknown key only warns (a newer file)."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
@@ -292,6 +285,7 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
+    return entries
 
 def convert(setting: Setting, raw):
     """What `raw` (text, or a list of texts) from any layer means for `setting`, or ConfigError."""
@@ -305,7 +299,6 @@ def convert(setting: Setting, raw):
             return list(dict.fromkeys(items))
         if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
             raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
-        # Each number is checked as an int of the same range: warn at, then stop at.
         warn, stop = (convert(setting._replace(kind="int"), item) for item in items)
         if warn >= stop:
             raise ConfigError(f"the first number (warn at) must be below the second (stop at), "
@@ -350,11 +343,9 @@ def apply_limits(config: Config) -> None:
     """Earlier stages' module limits, set from the chain before anything reads them."""
     global COMPRESSION_THRESHOLD, MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT, MAX_CHILD_ITERATIONS
     COMPRESSION_THRESHOLD = config["compression.threshold"]
-    MEMORY_CHAR_LIMIT = config["memory.memory_chars"]
-    USER_CHAR_LIMIT = config["memory.user_chars"]
+    MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT = config["memory.memory_chars"], config["memory.user_chars"]
     MAX_CHILD_ITERATIONS = config["delegation.max_child_iterations"]
-    for kind in GUARDRAIL_THRESHOLDS:
-        GUARDRAIL_THRESHOLDS[kind] = tuple(config[f"guardrails.{kind}"])
+    GUARDRAIL_THRESHOLDS.update({k: tuple(config[f"guardrails.{k}"]) for k in GUARDRAIL_THRESHOLDS})
     MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
 
 def deny_rule_matched(command: str, rules) -> str | None:
@@ -3229,10 +3220,8 @@ def parse_args(argv=None):
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
     parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
-    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
-                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print every setting, its value and where it came from; exit")
+    parser.add_argument("--profile", metavar="NAME", help="a home of its own: profiles/NAME")
+    parser.add_argument("--show-config", action="store_true", help="every setting and its source")
     for setting in SETTINGS:
         if setting.flag:
             add_setting_flag(parser, setting)
@@ -3613,9 +3602,8 @@ def show_config(config: Config | None) -> None:
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
-    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
-    for column in ("key / $variable", "value", "source"):
-        table.add_column(column, overflow="fold")
+    table = Table(*(Column(name, overflow="fold") for name in ("key / $variable", "value",
+                  "source")), title=CHAIN_ORDER, title_justify="left")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
         value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
         if setting.key == "model" and config.offline:   # what answers, not an unused name
@@ -3679,8 +3667,7 @@ DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables,
 
 def demo_chain(session: Session) -> None:
     key = "approvals.timeout"
-    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
-                       style="bold"))
+    console.print(f"\n1. Each step adds a layer that sets {key}; the strongest wins:", style="bold")
     environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
     for label, files, variables, flags in DEMO_LAYERS:
         for name, text in files.items():

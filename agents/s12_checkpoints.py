@@ -7,10 +7,8 @@ What this stage adds
     checkpoints/ (the project's .git is untouched). /rollback lists them, /rollback diff N
     shows the changes since N, /rollback N makes the project N again (undo: /rollback 1).
 
-    first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
-        add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
-    /rollback N ─▶ restore(): snapshot("before rollback to …"), then
-        git restore --source=<id> --staged --worktree --no-overlay -- .
+    first change of a turn ─▶ before_change() ─▶ snapshot(): add -A, commit ─▶ the tool runs
+    /rollback N ─▶ restore(): a snapshot first (the undo), then git restore --source=<id>
 
 Reading guide
     "[s12] Checkpoints" is the lesson, then its details and /rollback. agents/hardened/ adds more.
@@ -58,7 +56,7 @@ import openai
 import yaml
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 # ── [s12] Checkpoints ───────────────────────────────────────────────────────
@@ -87,8 +85,7 @@ class Restored(NamedTuple):
     undo: str                   # the checkpoint taken just before: the way back
 
 class CheckpointManager:
-    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow"
-    store). Every git call names the store and the project: the project's .git is untouched."""
+    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow")."""
 
     def __init__(self, project: Path, home: Path | None = None, max_snapshots: int = MAX_SNAPSHOTS,
                  max_files: int = MAX_FILES, max_file_size_mb: int = MAX_FILE_SIZE_MB):
@@ -245,8 +242,7 @@ def project_root(folder: Path) -> Path:
     return next((found for found in (folder, *folder.parents) if is_project(found)), folder)
 
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None: / and home are too much, the agent's
-    state folder holds the stores, a folder in no project may be anything (/tmp)."""
+    """Why this folder gets no checkpoints (/, home, the state folder, no project), or None."""
     if project.parent == project or project == Path(os.path.realpath(os.path.expanduser("~"))):
         return f"{project} is the root or the home folder: it is never checkpointed"
     if project == home or home in project.parents or project in home.parents:
@@ -535,12 +531,10 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
                           f"(key: value lines)")
-    entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings)
-    return entries
+    return collect_entries(root, "", label, shown, environ, [], warnings)
 
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list) -> None:
+                    warnings: list) -> list[Entry]:
     """A known key is an entry, a section is walked, an unknown key only warns (a newer file)."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
@@ -558,6 +552,7 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
+    return entries
 
 def convert(setting: Setting, raw):
     """What `raw` (text, or a list of texts) from any layer means for `setting`, or ConfigError."""
@@ -571,7 +566,6 @@ def convert(setting: Setting, raw):
             return list(dict.fromkeys(items))
         if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
             raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
-        # Each number is checked as an int of the same range: warn at, then stop at.
         warn, stop = (convert(setting._replace(kind="int"), item) for item in items)
         if warn >= stop:
             raise ConfigError(f"the first number (warn at) must be below the second (stop at), "
@@ -616,11 +610,9 @@ def apply_limits(config: Config) -> None:
     """Earlier stages' module limits, set from the chain before anything reads them."""
     global COMPRESSION_THRESHOLD, MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT, MAX_CHILD_ITERATIONS
     COMPRESSION_THRESHOLD = config["compression.threshold"]
-    MEMORY_CHAR_LIMIT = config["memory.memory_chars"]
-    USER_CHAR_LIMIT = config["memory.user_chars"]
+    MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT = config["memory.memory_chars"], config["memory.user_chars"]
     MAX_CHILD_ITERATIONS = config["delegation.max_child_iterations"]
-    for kind in GUARDRAIL_THRESHOLDS:
-        GUARDRAIL_THRESHOLDS[kind] = tuple(config[f"guardrails.{kind}"])
+    GUARDRAIL_THRESHOLDS.update({k: tuple(config[f"guardrails.{k}"]) for k in GUARDRAIL_THRESHOLDS})
     MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
 
 def deny_rule_matched(command: str, rules) -> str | None:
@@ -3515,10 +3507,8 @@ def parse_args(argv=None):
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
     parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
-    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
-                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print every setting, its value and where it came from; exit")
+    parser.add_argument("--profile", metavar="NAME", help="a home of its own: profiles/NAME")
+    parser.add_argument("--show-config", action="store_true", help="every setting and its source")
     for setting in SETTINGS:
         if setting.flag:
             add_setting_flag(parser, setting)
@@ -3903,9 +3893,8 @@ def show_config(config: Config | None) -> None:
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
-    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
-    for column in ("key / $variable", "value", "source"):
-        table.add_column(column, overflow="fold")
+    table = Table(*(Column(name, overflow="fold") for name in ("key / $variable", "value",
+                  "source")), title=CHAIN_ORDER, title_justify="left")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
         value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
         if setting.key == "model" and config.offline:   # what answers, not an unused name
@@ -3969,8 +3958,7 @@ DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables,
 
 def demo_chain(session: Session) -> None:
     key = "approvals.timeout"
-    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
-                       style="bold"))
+    console.print(f"\n1. Each step adds a layer that sets {key}; the strongest wins:", style="bold")
     environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
     for label, files, variables, flags in DEMO_LAYERS:
         for name, text in files.items():
@@ -4049,10 +4037,8 @@ def checkpoints_from_config(config: Config) -> CheckpointManager | None:
         err_console.print(Text("warning: checkpoints are off: git is not installed (or not "
                                "on PATH), and /rollback has nothing to restore", style="yellow"))
         return None
-    return CheckpointManager(project_root(folder), hermes_home(),
-                             config["checkpoints.max_snapshots"],
-                             config["checkpoints.max_files"],
-                             config["checkpoints.max_file_size_mb"])
+    return CheckpointManager(project_root(folder), hermes_home(), *(config[f"checkpoints.{key}"]
+                             for key in ("max_snapshots", "max_files", "max_file_size_mb")))
 
 def rollback_command(session: Session, argument: str) -> None:
     """/rollback; /rollback diff N; /rollback N. Nothing is asked: a rollback can be undone."""

@@ -9,10 +9,8 @@ What this stage adds
     checkpoints/ (the project's .git is untouched). /rollback lists them, /rollback diff N
     shows the changes since N, /rollback N makes the project N again (undo: /rollback 1).
 
-    first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
-        add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
-    /rollback N ─▶ restore(): snapshot("before rollback to …"), then
-        git restore --source=<id> --staged --worktree --no-overlay -- .
+    first change of a turn ─▶ before_change() ─▶ snapshot(): add -A, commit ─▶ the tool runs
+    /rollback N ─▶ restore(): a snapshot first (the undo), then git restore --source=<id>
 
 Reading guide
     "[s12] Checkpoints" is the lesson, then its details and /rollback. agents/hardened/ adds more.
@@ -167,8 +165,7 @@ class Restored(NamedTuple):
 
 #: teaching
 class CheckpointManager:
-    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow"
-    store). Every git call names the store and the project: the project's .git is untouched."""
+    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow")."""
 
     def __init__(self, project: Path, home: Path | None = None, max_snapshots: int = MAX_SNAPSHOTS,
                  max_files: int = MAX_FILES, max_file_size_mb: int = MAX_FILE_SIZE_MB):
@@ -624,8 +621,7 @@ def say_no_checkpoints_once(manager: CheckpointManager, why_not: str) -> None:
 
 #: teaching
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None: / and home are too much, the agent's
-    state folder holds the stores, a folder in no project may be anything (/tmp)."""
+    """Why this folder gets no checkpoints (/, home, the state folder, no project), or None."""
     if project.parent == project or project == Path(os.path.realpath(os.path.expanduser("~"))):
         return f"{project} is the root or the home folder: it is never checkpointed"
     if project == home or home in project.parents or project in home.parents:
@@ -1120,10 +1116,8 @@ def checkpoints_from_config(config: Config) -> CheckpointManager | None:
         err_console.print(Text("warning: checkpoints are off: git is not installed (or not "
                                "on PATH), and /rollback has nothing to restore", style="yellow"))
         return None
-    return CheckpointManager(project_root(folder), hermes_home(),
-                             config["checkpoints.max_snapshots"],
-                             config["checkpoints.max_files"],
-                             config["checkpoints.max_file_size_mb"])
+    return CheckpointManager(project_root(folder), hermes_home(), *(config[f"checkpoints.{key}"]
+                             for key in ("max_snapshots", "max_files", "max_file_size_mb")))
 
 
 #: hardened
