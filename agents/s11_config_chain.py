@@ -315,9 +315,8 @@ def convert(setting: Setting, raw):
         if value is None or value != value:             # not a number, or NaN
             raise ConfigError(f"expected {expected(setting)}, got {text!r}")
         if not setting.low <= value <= setting.high:
-            unit = f" {setting.unit}" if setting.unit else ""
-            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, "
-                              f"got {value:,}")
+            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}"
+                              f"{' ' + setting.unit if setting.unit else ''}, got {value:,}")
         return value
     if kind == "str" and text:
         return text
@@ -3602,8 +3601,8 @@ def show_config(config: Config | None) -> None:
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
-    table = Table(*(Column(name, overflow="fold") for name in ("key / $variable", "value",
-                  "source")), title=CHAIN_ORDER, title_justify="left")
+    columns = [Column(name, overflow="fold") for name in ("key / $variable", "value", "source")]
+    table = Table(*columns, title=CHAIN_ORDER, title_justify="left")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
         value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
         if setting.key == "model" and config.offline:   # what answers, not an unused name
