@@ -234,7 +234,6 @@ class CheckpointManager:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
-        # No GIT_DIR (or any GIT_*) of the agent's, no secrets, no user or system git config.
         env = {name: value for name, value in scrubbed_environment().items()   # no secrets,
                if not name.upper().startswith("GIT_")}  # no GIT_DIR, GIT_INDEX_FILE, ...
         env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",   # no user or
