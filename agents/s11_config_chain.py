@@ -7,17 +7,12 @@ What this stage adds
     origin and is checked by convert(): a bad one stops the start. approvals.deny rules
     block before YOLO; no tool changes a config file.
 
-    managed file ──────────────── locks the keys it sets (a warning for each override)
-        ▲ beats
-    --flags ──▶ environment ──▶ config.yaml ──▶ defaults      (strongest first)
-                             ▼
-             convert(setting, text) for every value of every layer → Config
-             key → Resolved(value, origin)  ──▶ --show-config, /config
+    managed file (locks) ──▶ --flags ──▶ environment ──▶ config.yaml ──▶ defaults
+    each value: convert(setting, text) ──▶ Config: key → Resolved(value, origin)
 
 Reading guide
-    "[s11] Configuration chain" is the lesson (SETTINGS, load_config(), resolve_settings());
-    then read_config_file() and convert(), where the values go, and, in the plumbing,
-    "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
+    "[s11] Configuration chain" is the lesson; then reading and checking values, where they
+    go, and "[s11] Configuration commands". agents/hardened/ adds details.
     Changed in earlier stages' sections: tool_fields(), TOOL_CHOICE_FIX in [s01];
     gate_checks(), Permissions, allowlist_holding(), policy_files() in [s09]; and 10
     definitions of the plumbing (python course/build.py --changes s11 lists them all).
@@ -62,7 +57,7 @@ import openai
 import yaml
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 # ── [s11] Configuration chain ───────────────────────────────────────────────
@@ -182,8 +177,7 @@ class Config:
 CONFIG: Config | None = None            # the chain this run started with; set by main()
 
 def load_config(args, environ=os.environ) -> Config:
-    """The chain for one run: every setting from the strongest layer that sets it.
-    managed (locks) > command line > environment > config.yaml > default."""
+    """The chain: managed (locks) > command line > environment > config.yaml > default."""
     base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
     if args.profile is not None and not PROFILE_NAME.fullmatch(args.profile):
         raise ConfigError(f"--profile: expected a name of a-z, 0-9, - and _ (at most 64 "
@@ -235,8 +229,7 @@ def flag_entries(args) -> list[Entry]:
             if s.flag and getattr(args, s.key, None) is not None]
 
 def managed_file(environ) -> Path | None:
-    """The system file whenever it exists (a user's variable cannot lift its locks), else
-    the file $LEARN_HERMES_MANAGED names: a class or a test can try it without root."""
+    """The system file if it exists (no variable lifts its locks), else $LEARN_HERMES_MANAGED's."""
     if DEFAULT_MANAGED_FILE.is_file():
         return DEFAULT_MANAGED_FILE
     named = environ.get(MANAGED_ENV_VAR, "").strip()
@@ -245,14 +238,12 @@ def managed_file(environ) -> Path | None:
 # ── [s11] Reading and checking values ───────────────────────────────────────
 
 YAML_NULL = "tag:yaml.org,2002:null"
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 def read_config_file(path: Path, label: str, environ, warnings: list,
                      required: bool) -> list[Entry]:
-    """The entries of one YAML file. A missing file is empty unless it was named; a file
-    that cannot be read, or is not YAML, stops the start with its name and line."""
+    """The entries of one YAML file (none if it is missing and was not named)."""
     shown = tilde(path)
     if not path.exists():
         if required:
@@ -273,14 +264,11 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
                           f"(key: value lines)")
-    entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings)
-    return entries
+    return collect_entries(root, "", label, shown, environ, [], warnings)
 
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list) -> None:
-    """Walk one mapping: a known key is an entry (the text as written, or a list of texts);
-    a section is walked; an unknown key is a warning: an older or newer file still starts."""
+                    warnings: list) -> list[Entry]:
+    """A known key is an entry, a section is walked, an unknown key only warns (a newer file)."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
@@ -297,14 +285,13 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
+    return entries
 
 def convert(setting: Setting, raw):
-    """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
-    what was expected. Every layer's values go through here, whatever their source."""
+    """What `raw` (text, or a list of texts) from any layer means for `setting`, or ConfigError."""
     kind = setting.kind
     if kind in ("list", "pair"):
-        items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
-        items = [item for item in items if item]
+        items = [i.strip() for i in (raw if isinstance(raw, list) else raw.split(",")) if i.strip()]
         if kind == "list":
             unknown = [item for item in items if setting.choices and item not in setting.choices]
             if unknown:
@@ -312,7 +299,6 @@ def convert(setting: Setting, raw):
             return list(dict.fromkeys(items))
         if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
             raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
-        # Each number is checked as an int of the same range: warn at, then stop at.
         warn, stop = (convert(setting._replace(kind="int"), item) for item in items)
         if warn >= stop:
             raise ConfigError(f"the first number (warn at) must be below the second (stop at), "
@@ -329,9 +315,8 @@ def convert(setting: Setting, raw):
         if value is None or value != value:             # not a number, or NaN
             raise ConfigError(f"expected {expected(setting)}, got {text!r}")
         if not setting.low <= value <= setting.high:
-            unit = f" {setting.unit}" if setting.unit else ""
-            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, "
-                              f"got {value:,}")
+            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}"
+                              f"{' ' + setting.unit if setting.unit else ''}, got {value:,}")
         return value
     if kind == "str" and text:
         return text
@@ -357,16 +342,13 @@ def apply_limits(config: Config) -> None:
     """Earlier stages' module limits, set from the chain before anything reads them."""
     global COMPRESSION_THRESHOLD, MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT, MAX_CHILD_ITERATIONS
     COMPRESSION_THRESHOLD = config["compression.threshold"]
-    MEMORY_CHAR_LIMIT = config["memory.memory_chars"]
-    USER_CHAR_LIMIT = config["memory.user_chars"]
+    MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT = config["memory.memory_chars"], config["memory.user_chars"]
     MAX_CHILD_ITERATIONS = config["delegation.max_child_iterations"]
-    for kind in GUARDRAIL_THRESHOLDS:
-        GUARDRAIL_THRESHOLDS[kind] = tuple(config[f"guardrails.{kind}"])
+    GUARDRAIL_THRESHOLDS.update({k: tuple(config[f"guardrails.{k}"]) for k in GUARDRAIL_THRESHOLDS})
     MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
 
 def deny_rule_matched(command: str, rules) -> str | None:
-    """The first rule of approvals.deny that `command` matches, or None: a glob, case
-    ignored, on the normalised command and on each part between ; && || | and &."""
+    """The first approvals.deny glob matching the command or a part of it (case ignored)."""
     text = normalize_command(command).casefold()
     texts = [" ".join(part.split()) for part in [text, *SHELL_SEPARATORS.split(text)]]
     return next((rule for rule in rules
@@ -890,15 +872,14 @@ def approve_command(command: str, findings: list[Finding],
     return choice
 
 class Permissions:
-    """The approval policy of one running agent, fixed by main() at start-up (nothing
-    read later can loosen it), and what was approved in each session."""
+    """The policy of this run, fixed at start-up, and what each session approved."""
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
                  deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
                  yolo_locked: str | None = None):
         self.mode = mode                    # one of APPROVAL_MODES
-        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.yolo_source = yolo_source      # "--yolo", "HERMES_YOLO_MODE" or None (off)
         self.yolo_locked = yolo_locked      # s11: where the managed file set approvals.yolo
         self.timeout = timeout              # seconds the prompt waits
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
@@ -1079,8 +1060,7 @@ def allowlist_path() -> Path:
     return hermes_home() / ALLOWLIST_FILE
 
 def policy_files() -> list[Path]:
-    """The files that hold approval policy: only the user changes them. s11: config.yaml
-    too, in this home and the one holding the profiles, and every file the chain read."""
+    """The files of approval policy: only the user changes them (s11: every config file)."""
     homes = dict.fromkeys([hermes_home(), base_home()])
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
         + chain_files()
@@ -2931,10 +2911,9 @@ def make_client(base_url: str | None, api_key: str | None):
 
 def tool_fields(tools: list) -> dict:
     """s01's tool_fields(), with tool_choice from the chain (no chain: HERMES_TOOL_CHOICE)."""
-    choice = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
-    if not tools:
-        return {}
-    return {"tools": tools} if choice == "omit" else {"tools": tools, "tool_choice": "auto"}
+    named = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
+    choice = {} if named == "omit" else {"tool_choice": "auto"}
+    return {"tools": tools, **choice} if tools else {}
 
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
@@ -3046,24 +3025,21 @@ HELP_TEXT = """Commands:
   /quit          leave (Ctrl-D works too)
 Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
 The offline model understands:
-  $ <command>            run a shell command with the terminal tool (a dangerous one
-                         only after your approval; a hardline one never)
+  $ <command>            run a shell command with the terminal tool (through the gate)
   read <path>            read a file with read_file
   write <path> <text>    write a file with write_file
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)
   skills                 list the skills with skills_list
   skill <name>           load a skill with skill_view
-  delegate <goal>        give the goal to a sub-agent with delegate_task (try
-                         delegate $ ls); delegate <goal> | <goal> runs up to 3 at once
+  delegate <goal>        a sub-agent does it (delegate_task); <goal> | <goal>: up to 3 at once
   config                 the model says which settings this run has and who set them"""
 
 class Session:
@@ -3206,38 +3182,29 @@ DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build"]
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
-    saved_folder = current_directory()
+    saved_environment, saved_folder = os.environ.copy(), current_directory()
     with tempfile.TemporaryDirectory(prefix="s11-demo-") as folder:
         try:
             enter_demo_folder(Path(folder))
             console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
                                f"state folder, and an rm that only prints.", style="dim"))
             demo_chain(session)
-            demo_deny(session)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            os.environ.clear()
+            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used. "
-               f"Settings: {CHAIN_ORDER}")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
+                                     epilog=f"Settings: {CHAIN_ORDER}")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
     parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
-    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
-                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print every setting, its value and where it came from; exit")
+    parser.add_argument("--profile", metavar="NAME", help="a home of its own: profiles/NAME")
+    parser.add_argument("--show-config", action="store_true", help="every setting and its source")
     for setting in SETTINGS:
         if setting.flag:
             add_setting_flag(parser, setting)
@@ -3616,9 +3583,8 @@ def show_config(config: Config | None) -> None:
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
-    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
-    for column in ("key / $variable", "value", "source"):
-        table.add_column(column, overflow="fold")
+    columns = [Column(name, overflow="fold") for name in ("key / $variable", "value", "source")]
+    table = Table(*columns, title=CHAIN_ORDER, title_justify="left")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
         value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
         if setting.key == "model" and config.offline:   # what answers, not an unused name
@@ -3682,8 +3648,7 @@ DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables,
 
 def demo_chain(session: Session) -> None:
     key = "approvals.timeout"
-    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
-                       style="bold"))
+    console.print(f"\n1. Each step adds a layer that sets {key}; the strongest wins:", style="bold")
     environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
     for label, files, variables, flags in DEMO_LAYERS:
         for name, text in files.items():
@@ -3694,8 +3659,6 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  + {label:<38} {key} = {config[key]:<3} from {config.origin(key)}"))
     for warning in config.warnings:
         console.print(Text(f"  {warning}", style="yellow"))
-
-def demo_deny(session: Session) -> None:
     rules = "approvals: {yolo: true, deny: ['rm -rf *']}"
     console.print(Text(f"\n2. A deny rule beats YOLO. config.yaml: {rules}", style="bold"))
     (hermes_home() / CONFIG_FILE_NAME).write_text(rules + "\n", encoding="utf-8")

@@ -7,16 +7,14 @@ What this stage adds
     checkpoints/ (the project's .git is untouched). /rollback lists them, /rollback diff N
     shows the changes since N, /rollback N makes the project N again (undo: /rollback 1).
 
-    first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
-        add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
-    /rollback N ─▶ restore(): snapshot("before rollback to …"), then
-        git restore --source=<id> --staged --worktree --no-overlay -- .
+    first change of a turn ─▶ before_change() ─▶ snapshot(): add -A, commit ─▶ the tool runs
+    /rollback N ─▶ restore(): a snapshot first (the undo), then git restore --source=<id>
 
 Reading guide
     "[s12] Checkpoints" is the lesson, then its details and /rollback. agents/hardened/ adds more.
     Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool() in
-    [s09]; build_settings(), flag_entries() in [s11]; and 8 definitions of the plumbing
-    (python course/build.py --changes s12 lists them all).
+    [s09]; MORE_SETTINGS, flag_entries() in [s11]; and 8 definitions of the plumbing (python
+    course/build.py --changes s12 lists them all).
 Run
     python agents/s12_checkpoints.py --demo           # the walk-through
     printf 'write a.txt 1\n$ echo 2 > a.txt\n/rollback 1\n' | python agents/s12_checkpoints.py
@@ -53,13 +51,12 @@ import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, NamedTuple
-from unittest import mock
 
 import openai
 import yaml
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 # ── [s12] Checkpoints ───────────────────────────────────────────────────────
@@ -88,8 +85,7 @@ class Restored(NamedTuple):
     undo: str                   # the checkpoint taken just before: the way back
 
 class CheckpointManager:
-    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow"
-    store). Every git call names the store and the project: the project's .git is untouched."""
+    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow")."""
 
     def __init__(self, project: Path, home: Path | None = None, max_snapshots: int = MAX_SNAPSHOTS,
                  max_files: int = MAX_FILES, max_file_size_mb: int = MAX_FILE_SIZE_MB):
@@ -158,7 +154,6 @@ class CheckpointManager:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
-        # No GIT_DIR (or any GIT_*) of the agent's, no secrets, no user or system git config.
         env = {name: value for name, value in scrubbed_environment().items()   # no secrets,
                if not name.upper().startswith("GIT_")}  # no GIT_DIR, GIT_INDEX_FILE, ...
         env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",   # no user or
@@ -246,8 +241,7 @@ def project_root(folder: Path) -> Path:
     return next((found for found in (folder, *folder.parents) if is_project(found)), folder)
 
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None: / and home are too much, the agent's
-    state folder holds the stores, a folder in no project may be anything (/tmp)."""
+    """Why this folder gets no checkpoints (/, home, the state folder, no project), or None."""
     if project.parent == project or project == Path(os.path.realpath(os.path.expanduser("~"))):
         return f"{project} is the root or the home folder: it is never checkpointed"
     if project == home or home in project.parents or project in home.parents:
@@ -351,9 +345,8 @@ def build_settings() -> tuple:
         S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
           "model)", "OPENAI_BASE_URL", "--base-url"),
         S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
-        S("tool_choice", "choice", "auto", 'auto: send tool_choice "auto" with the tools; '
-          "omit: leave it out (a server that refuses it)", TOOL_CHOICE_VAR,
-          "--tool-choice", choices=("auto", "omit")),
+        S("tool_choice", "choice", "auto", "omit: send no tool_choice (for a server that refuses "
+          "it)", TOOL_CHOICE_VAR, "--tool-choice", choices=("auto", "omit")),
         S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
           "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
         S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
@@ -361,8 +354,7 @@ def build_settings() -> tuple:
         S("disabled_toolsets", "list", [], "never offer these toolsets",
           "HERMES_DISABLED_TOOLSETS", "--disable-toolsets", choices=toolsets),
         S("compression.context_length", "int", DEFAULT_CONTEXT_LENGTH, "the model's context "
-          "window in tokens", "HERMES_CONTEXT_LENGTH", "--context-length", low=1,
-          high=100_000_000),
+          "window in tokens", "HERMES_CONTEXT_LENGTH", "--context-length", low=1, high=10**8),
         S("compression.threshold", "float", COMPRESSION_THRESHOLD, "compress above this "
           "share of the context window", "HERMES_COMPRESSION_THRESHOLD", low=0.1, high=0.95),
         S("retries.max", "int", API_MAX_RETRIES, "retries of a failed model call",
@@ -371,50 +363,42 @@ def build_settings() -> tuple:
           "HERMES_FALLBACK_MODEL", "--fallback-model"),
         S("fallback.base_url", "str", None, "endpoint of the fallback (none: the same)",
           "HERMES_FALLBACK_BASE_URL", "--fallback-base-url"),
-        S("approvals.mode", "choice", "manual", "manual: ask; smart: a model reviews first; "
-          "off: never ask (hardline stays blocked)", "HERMES_APPROVAL_MODE", "--approval-mode",
-          choices=APPROVAL_MODES, security=True),
+        S("approvals.mode", "choice", "manual", "ask, a model reviews first, or never ask",
+          "HERMES_APPROVAL_MODE", "--approval-mode", choices=APPROVAL_MODES, security=True),
         S("approvals.timeout", "int", APPROVAL_TIMEOUT, "an unanswered approval prompt "
           "denies after this long", "HERMES_APPROVAL_TIMEOUT", "--approval-timeout", low=1,
           high=3600, unit="seconds", security=True),
         S("approvals.yolo", "bool", False, "run dangerous commands without asking (never "
           "hardline ones)", "HERMES_YOLO_MODE", "--yolo", security=True),
-        S("approvals.deny", "list", [], "glob patterns of commands that are always refused, "
-          "also with YOLO", security=True),
-        S("command_allowlist", "list", [], "finding keys approved for good, added to "
-          "allowlist.json's", security=True),
+        S("approvals.deny", "list", [], "command globs refused even with YOLO", security=True),
+        S("command_allowlist", "list", [], "finding keys approved for good", security=True),
         S("write_root", "folder", None, "write_file and patch write only inside this folder",
           "HERMES_WRITE_ROOT", "--write-root", security=True),
         *(S(f"guardrails.{kind}", "pair", list(GUARDRAIL_THRESHOLDS[kind]), f"{kind} "
             f"repeats: warn at, stop at", low=1, high=100) for kind in GUARDRAIL_THRESHOLDS),
-        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "characters MEMORY.md may hold",
-          low=100, high=100_000),
-        S("memory.user_chars", "int", USER_CHAR_LIMIT, "characters USER.md may hold",
-          low=100, high=100_000),
-        S("delegation.child_budget", "choice", "shared", "shared: sub-agents' calls come out "
-          "of the turn's budget; independent: their own", "HERMES_CHILD_BUDGET",
-          "--child-budget", choices=CHILD_BUDGET_MODES),
-        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands: "
-          "deny, or approve once", "HERMES_CHILD_APPROVALS", "--child-approvals",
-          choices=CHILD_APPROVALS, security=True),
+        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "MEMORY.md size", low=100, high=100_000),
+        S("memory.user_chars", "int", USER_CHAR_LIMIT, "USER.md size", low=100, high=100_000),
+        S("delegation.child_budget", "choice", "shared", "sub-agents' calls: the turn's budget "
+          "or their own", "HERMES_CHILD_BUDGET", "--child-budget", choices=CHILD_BUDGET_MODES),
+        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands",
+          "HERMES_CHILD_APPROVALS", "--child-approvals", choices=CHILD_APPROVALS, security=True),
         S("delegation.max_child_iterations", "int", MAX_CHILD_ITERATIONS, "model calls one "
           "sub-agent may make", low=1, high=100),
-        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "a working "
-          "sub-agent tells the parent it is alive this often", "HERMES_HEARTBEAT_INTERVAL",
-          "--heartbeat-interval", low=1, high=3600, unit="seconds"),
+        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "sub-agents' heartbeat",
+          "HERMES_HEARTBEAT_INTERVAL", "--heartbeat-interval", low=1, high=3600, unit="seconds"),
         S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
           "progress before the heartbeat stops", low=1, high=1000),
-        S("checkpoints.enabled", "bool", True, "a checkpoint of the project before the "
-          "first change of each turn (/rollback)", None, "--checkpoints"),
-        S("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
-          "the oldest are pruned", low=1, high=500),
-        S("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
-          "checkpointed", low=1, high=10_000_000),
-        S("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
-          "out of checkpoints", low=1, high=100_000, unit="MB"),
-    )
+        *MORE_SETTINGS)
 
-MORE_SETTINGS: tuple = ()   # the rows a later stage adds to SETTINGS: it redefines this
+MORE_SETTINGS = (       # s12's rows of SETTINGS (s11's build_settings() ends with them)
+    Setting("checkpoints.enabled", "bool", True, "a checkpoint of the project before the first "
+            "change of each turn (/rollback)", None, "--checkpoints"),
+    Setting("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
+            "the oldest are pruned", low=1, high=500),
+    Setting("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
+            "checkpointed", low=1, high=10_000_000),
+    Setting("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
+            "out of checkpoints", low=1, high=100_000, unit="MB"))
 
 class ConfigError(ValueError):
     """A value or a file the chain cannot use; `warnings`: the chain's warnings until then."""
@@ -454,8 +438,7 @@ class Config:
 CONFIG: Config | None = None            # the chain this run started with; set by main()
 
 def load_config(args, environ=os.environ) -> Config:
-    """The chain for one run: every setting from the strongest layer that sets it.
-    managed (locks) > command line > environment > config.yaml > default."""
+    """The chain: managed (locks) > command line > environment > config.yaml > default."""
     base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
     if args.profile is not None and not PROFILE_NAME.fullmatch(args.profile):
         raise ConfigError(f"--profile: expected a name of a-z, 0-9, - and _ (at most 64 "
@@ -512,8 +495,7 @@ def flag_entries(args) -> list[Entry]:
     return entries
 
 def managed_file(environ) -> Path | None:
-    """The system file whenever it exists (a user's variable cannot lift its locks), else
-    the file $LEARN_HERMES_MANAGED names: a class or a test can try it without root."""
+    """The system file if it exists (no variable lifts its locks), else $LEARN_HERMES_MANAGED's."""
     if DEFAULT_MANAGED_FILE.is_file():
         return DEFAULT_MANAGED_FILE
     named = environ.get(MANAGED_ENV_VAR, "").strip()
@@ -522,14 +504,12 @@ def managed_file(environ) -> Path | None:
 # ── [s11] Reading and checking values ───────────────────────────────────────
 
 YAML_NULL = "tag:yaml.org,2002:null"
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 def read_config_file(path: Path, label: str, environ, warnings: list,
                      required: bool) -> list[Entry]:
-    """The entries of one YAML file. A missing file is empty unless it was named; a file
-    that cannot be read, or is not YAML, stops the start with its name and line."""
+    """The entries of one YAML file (none if it is missing and was not named)."""
     shown = tilde(path)
     if not path.exists():
         if required:
@@ -550,14 +530,11 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
                           f"(key: value lines)")
-    entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings)
-    return entries
+    return collect_entries(root, "", label, shown, environ, [], warnings)
 
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list) -> None:
-    """Walk one mapping: a known key is an entry (the text as written, or a list of texts);
-    a section is walked; an unknown key is a warning: an older or newer file still starts."""
+                    warnings: list) -> list[Entry]:
+    """A known key is an entry, a section is walked, an unknown key only warns (a newer file)."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
@@ -574,14 +551,13 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
+    return entries
 
 def convert(setting: Setting, raw):
-    """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
-    what was expected. Every layer's values go through here, whatever their source."""
+    """What `raw` (text, or a list of texts) from any layer means for `setting`, or ConfigError."""
     kind = setting.kind
     if kind in ("list", "pair"):
-        items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
-        items = [item for item in items if item]
+        items = [i.strip() for i in (raw if isinstance(raw, list) else raw.split(",")) if i.strip()]
         if kind == "list":
             unknown = [item for item in items if setting.choices and item not in setting.choices]
             if unknown:
@@ -589,7 +565,6 @@ def convert(setting: Setting, raw):
             return list(dict.fromkeys(items))
         if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
             raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
-        # Each number is checked as an int of the same range: warn at, then stop at.
         warn, stop = (convert(setting._replace(kind="int"), item) for item in items)
         if warn >= stop:
             raise ConfigError(f"the first number (warn at) must be below the second (stop at), "
@@ -606,9 +581,8 @@ def convert(setting: Setting, raw):
         if value is None or value != value:             # not a number, or NaN
             raise ConfigError(f"expected {expected(setting)}, got {text!r}")
         if not setting.low <= value <= setting.high:
-            unit = f" {setting.unit}" if setting.unit else ""
-            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, "
-                              f"got {value:,}")
+            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}"
+                              f"{' ' + setting.unit if setting.unit else ''}, got {value:,}")
         return value
     if kind == "str" and text:
         return text
@@ -634,16 +608,13 @@ def apply_limits(config: Config) -> None:
     """Earlier stages' module limits, set from the chain before anything reads them."""
     global COMPRESSION_THRESHOLD, MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT, MAX_CHILD_ITERATIONS
     COMPRESSION_THRESHOLD = config["compression.threshold"]
-    MEMORY_CHAR_LIMIT = config["memory.memory_chars"]
-    USER_CHAR_LIMIT = config["memory.user_chars"]
+    MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT = config["memory.memory_chars"], config["memory.user_chars"]
     MAX_CHILD_ITERATIONS = config["delegation.max_child_iterations"]
-    for kind in GUARDRAIL_THRESHOLDS:
-        GUARDRAIL_THRESHOLDS[kind] = tuple(config[f"guardrails.{kind}"])
+    GUARDRAIL_THRESHOLDS.update({k: tuple(config[f"guardrails.{k}"]) for k in GUARDRAIL_THRESHOLDS})
     MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
 
 def deny_rule_matched(command: str, rules) -> str | None:
-    """The first rule of approvals.deny that `command` matches, or None: a glob, case
-    ignored, on the normalised command and on each part between ; && || | and &."""
+    """The first approvals.deny glob matching the command or a part of it (case ignored)."""
     text = normalize_command(command).casefold()
     texts = [" ".join(part.split()) for part in [text, *SHELL_SEPARATORS.split(text)]]
     return next((rule for rule in rules
@@ -1167,15 +1138,14 @@ def approve_command(command: str, findings: list[Finding],
     return choice
 
 class Permissions:
-    """The approval policy of one running agent, fixed by main() at start-up (nothing
-    read later can loosen it), and what was approved in each session."""
+    """The policy of this run, fixed at start-up, and what each session approved."""
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
                  deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
                  yolo_locked: str | None = None):
         self.mode = mode                    # one of APPROVAL_MODES
-        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.yolo_source = yolo_source      # "--yolo", "HERMES_YOLO_MODE" or None (off)
         self.yolo_locked = yolo_locked      # s11: where the managed file set approvals.yolo
         self.timeout = timeout              # seconds the prompt waits
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
@@ -1359,8 +1329,7 @@ def allowlist_path() -> Path:
     return hermes_home() / ALLOWLIST_FILE
 
 def policy_files() -> list[Path]:
-    """The files that hold approval policy: only the user changes them. s11: config.yaml
-    too, in this home and the one holding the profiles, and every file the chain read."""
+    """The files of approval policy: only the user changes them (s11: every config file)."""
     homes = dict.fromkeys([hermes_home(), base_home()])
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
         + chain_files()
@@ -3215,10 +3184,9 @@ def make_client(base_url: str | None, api_key: str | None):
 
 def tool_fields(tools: list) -> dict:
     """s01's tool_fields(), with tool_choice from the chain (no chain: HERMES_TOOL_CHOICE)."""
-    choice = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
-    if not tools:
-        return {}
-    return {"tools": tools} if choice == "omit" else {"tools": tools, "tool_choice": "auto"}
+    named = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
+    choice = {} if named == "omit" else {"tool_choice": "auto"}
+    return {"tools": tools, **choice} if tools else {}
 
 TOOL_CHOICE_REFUSED = re.compile(r"tool[ _]choice", re.IGNORECASE)    # in a 400's words
 TOOL_CHOICE_FIX = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, "
@@ -3331,24 +3299,21 @@ HELP_TEXT = """Commands:
   /quit          leave (Ctrl-D works too)
 Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
 The offline model understands:
-  $ <command>            run a shell command with the terminal tool (a dangerous one
-                         only after your approval; a hardline one never)
+  $ <command>            run a shell command with the terminal tool (through the gate)
   read <path>            read a file with read_file
   write <path> <text>    write a file with write_file
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)
   skills                 list the skills with skills_list
   skill <name>           load a skill with skill_view
-  delegate <goal>        give the goal to a sub-agent with delegate_task (try
-                         delegate $ ls); delegate <goal> | <goal> runs up to 3 at once
+  delegate <goal>        a sub-agent does it (delegate_task); <goal> | <goal>: up to 3 at once
   config                 the model says which settings this run has and who set them"""
 
 class Session:
@@ -3497,12 +3462,13 @@ DEMO_INPUTS = ["write todo.txt buy milk",
 
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved_folder, saved_checkpoints = current_directory(), CHECKPOINTS
-    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder, \
-            mock.patch.dict(os.environ):        # HOME, LEARN_HERMES_HOME, PATH come back
+    saved_environment, saved_folder = os.environ.copy(), current_directory()
+    saved_checkpoints = CHECKPOINTS
+    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder:
         try:
             enter_demo_folder(Path(folder))
-            console.print(Text(f"The demo works in a temporary folder: {folder}", style="dim"))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
             for name, text in DEMO_FILES.items():
                 Path(name).write_text(text, encoding="utf-8")
             use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
@@ -3510,23 +3476,21 @@ def run_demo(session: Session) -> int:
                 demo_turn(session, line)
         finally:
             use_checkpoints(saved_checkpoints)
+            os.environ.clear()
+            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used. "
-               f"Settings: {CHAIN_ORDER}")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
+                                     epilog=f"Settings: {CHAIN_ORDER}")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
     parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
-    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
-                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print every setting, its value and where it came from; exit")
+    parser.add_argument("--profile", metavar="NAME", help="a home of its own: profiles/NAME")
+    parser.add_argument("--show-config", action="store_true", help="every setting and its source")
     for setting in SETTINGS:
         if setting.flag:
             add_setting_flag(parser, setting)
@@ -3909,9 +3873,8 @@ def show_config(config: Config | None) -> None:
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
-    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
-    for column in ("key / $variable", "value", "source"):
-        table.add_column(column, overflow="fold")
+    columns = [Column(name, overflow="fold") for name in ("key / $variable", "value", "source")]
+    table = Table(*columns, title=CHAIN_ORDER, title_justify="left")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
         value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
         if setting.key == "model" and config.offline:   # what answers, not an unused name
@@ -3975,8 +3938,7 @@ DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables,
 
 def demo_chain(session: Session) -> None:
     key = "approvals.timeout"
-    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
-                       style="bold"))
+    console.print(f"\n1. Each step adds a layer that sets {key}; the strongest wins:", style="bold")
     environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
     for label, files, variables, flags in DEMO_LAYERS:
         for name, text in files.items():
@@ -3987,8 +3949,6 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  + {label:<38} {key} = {config[key]:<3} from {config.origin(key)}"))
     for warning in config.warnings:
         console.print(Text(f"  {warning}", style="yellow"))
-
-def demo_deny(session: Session) -> None:
     rules = "approvals: {yolo: true, deny: ['rm -rf *']}"
     console.print(Text(f"\n2. A deny rule beats YOLO. config.yaml: {rules}", style="bold"))
     (hermes_home() / CONFIG_FILE_NAME).write_text(rules + "\n", encoding="utf-8")
@@ -3997,21 +3957,19 @@ def demo_deny(session: Session) -> None:
                    lambda session: [demo_turn(session, line) for line in DEMO_INPUTS])
 
 def add_setting_flag(parser, setting: Setting) -> None:
-    """A flag of SETTINGS. Its text is checked by the chain, like a value from any layer."""
+    """A flag of SETTINGS, with no type and no default: the chain checks its text."""
+    variable = f", ${setting.env}" if setting.env else ""     # every way to set it
     default = shown_value(setting, setting.default)
-    # Every way to set it: this flag, the key in config.yaml, and the variable if any.
-    variable = f", ${setting.env}" if setting.env else ""
     help_text = f"{setting.help} ({setting.key}{variable}; default {default})".replace("%", "%%")
-    if setting.kind == "bool":
-        parser.add_argument(setting.flag, dest=setting.key, action="store_const",
-                            const="true", help=help_text)
-        if setting.default is True:     # s12: what is on by default can be switched off
-            parser.add_argument("--no-" + setting.flag[2:], dest=setting.key, action="store_const",
-                                const="false", help=f"switch {setting.key} off")
+    if setting.kind == "bool":                  # --yolo, not --yolo true
+        options = {"action": "store_const", "const": "true"}
     else:
-        metavar = "{" + ",".join(setting.choices) + "}" if setting.kind == "choice" else \
-            setting.unit.upper() or setting.kind.upper()
-        parser.add_argument(setting.flag, dest=setting.key, metavar=metavar, help=help_text)
+        options = {"metavar": "{" + ",".join(setting.choices) + "}" if setting.kind == "choice"
+                   else setting.unit.upper() or setting.kind.upper()}
+    parser.add_argument(setting.flag, dest=setting.key, help=help_text, **options)
+    if setting.kind == "bool" and setting.default is True:     # s12: --no-checkpoints
+        parser.add_argument("--no-" + setting.flag[2:], dest=setting.key, action="store_const",
+                            const="false", help=f"switch {setting.key} off")
 
 def checked_config(args) -> Config | None:
     """The chain, its warnings shown; None (after the errors) if the agent may not start."""
@@ -4059,10 +4017,8 @@ def checkpoints_from_config(config: Config) -> CheckpointManager | None:
         err_console.print(Text("warning: checkpoints are off: git is not installed (or not "
                                "on PATH), and /rollback has nothing to restore", style="yellow"))
         return None
-    return CheckpointManager(project_root(folder), hermes_home(),
-                             config["checkpoints.max_snapshots"],
-                             config["checkpoints.max_files"],
-                             config["checkpoints.max_file_size_mb"])
+    return CheckpointManager(project_root(folder), hermes_home(), *(config[f"checkpoints.{key}"]
+                             for key in ("max_snapshots", "max_files", "max_file_size_mb")))
 
 def rollback_command(session: Session, argument: str) -> None:
     """/rollback; /rollback diff N; /rollback N. Nothing is asked: a rollback can be undone."""

@@ -9,17 +9,12 @@ What this stage adds
     origin and is checked by convert(): a bad one stops the start. approvals.deny rules
     block before YOLO; no tool changes a config file.
 
-    managed file ──────────────── locks the keys it sets (a warning for each override)
-        ▲ beats
-    --flags ──▶ environment ──▶ config.yaml ──▶ defaults      (strongest first)
-                             ▼
-             convert(setting, text) for every value of every layer → Config
-             key → Resolved(value, origin)  ──▶ --show-config, /config
+    managed file (locks) ──▶ --flags ──▶ environment ──▶ config.yaml ──▶ defaults
+    each value: convert(setting, text) ──▶ Config: key → Resolved(value, origin)
 
 Reading guide
-    "[s11] Configuration chain" is the lesson (SETTINGS, load_config(), resolve_settings());
-    then read_config_file() and convert(), where the values go, and, in the plumbing,
-    "[s11] Configuration commands". The hardened edition (agents/hardened/) adds details.
+    "[s11] Configuration chain" is the lesson; then reading and checking values, where they
+    go, and "[s11] Configuration commands". agents/hardened/ adds details.
     {changed elsewhere}
 Run
     python agents/s11_config_chain.py --demo           # the walk-through
@@ -106,7 +101,7 @@ import openai
 import yaml
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 from typing import Callable, NamedTuple
 
@@ -357,8 +352,7 @@ CONFIG: Config | None = None            # the chain this run started with; set b
 
 #: teaching
 def load_config(args, environ=os.environ) -> Config:
-    """The chain for one run: every setting from the strongest layer that sets it.
-    managed (locks) > command line > environment > config.yaml > default."""
+    """The chain: managed (locks) > command line > environment > config.yaml > default."""
     base = Path(environ.get("LEARN_HERMES_HOME") or Path.home() / ".learn-hermes")
     if args.profile is not None and not PROFILE_NAME.fullmatch(args.profile):
         raise ConfigError(f"--profile: expected a name of a-z, 0-9, - and _ (at most 64 "
@@ -489,8 +483,7 @@ def profile_home(base: Path, name: str) -> Path:
 
 #: teaching
 def managed_file(environ) -> Path | None:
-    """The system file whenever it exists (a user's variable cannot lift its locks), else
-    the file $LEARN_HERMES_MANAGED names: a class or a test can try it without root."""
+    """The system file if it exists (no variable lifts its locks), else $LEARN_HERMES_MANAGED's."""
     if DEFAULT_MANAGED_FILE.is_file():
         return DEFAULT_MANAGED_FILE
     named = environ.get(MANAGED_ENV_VAR, "").strip()
@@ -509,7 +502,11 @@ def managed_file(environ) -> Path | None:
 #: section Reading and checking values
 
 YAML_NULL = "tag:yaml.org,2002:null"
+#: hardened
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+#: teaching
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -517,8 +514,7 @@ FALSE_WORDS = ("0", "false", "no", "off")
 #: teaching
 def read_config_file(path: Path, label: str, environ, warnings: list,
                      required: bool) -> list[Entry]:
-    """The entries of one YAML file. A missing file is empty unless it was named; a file
-    that cannot be read, or is not YAML, stops the start with its name and line."""
+    """The entries of one YAML file (none if it is missing and was not named)."""
     shown = tilde(path)
     if not path.exists():
         if required:
@@ -539,16 +535,13 @@ def read_config_file(path: Path, label: str, environ, warnings: list,
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{shown}:{root.start_mark.line + 1}: expected settings "
                           f"(key: value lines)")
-    entries: list[Entry] = []
-    collect_entries(root, "", label, shown, environ, entries, warnings)
-    return entries
+    return collect_entries(root, "", label, shown, environ, [], warnings)
 
 
 #: teaching
 def collect_entries(node, prefix: str, label: str, shown: str, environ, entries: list,
-                    warnings: list) -> None:
-    """Walk one mapping: a known key is an entry (the text as written, or a list of texts);
-    a section is walked; an unknown key is a warning: an older or newer file still starts."""
+                    warnings: list) -> list[Entry]:
+    """A known key is an entry, a section is walked, an unknown key only warns (a newer file)."""
     for key_node, value_node in node.value:
         where = f"{shown}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
@@ -565,6 +558,7 @@ def collect_entries(node, prefix: str, label: str, shown: str, environ, entries:
             collect_entries(value_node, key + ".", label, shown, environ, entries, warnings)
         else:
             warnings.append(f"warning: {where}: unknown key {key!r}; ignored")
+    return entries
 
 
 #: hardened
@@ -686,12 +680,10 @@ def did_you_mean(key: str) -> str:
 
 #: teaching
 def convert(setting: Setting, raw):
-    """The value `raw` (text, or a list of texts) means for `setting`; ConfigError says
-    what was expected. Every layer's values go through here, whatever their source."""
+    """What `raw` (text, or a list of texts) from any layer means for `setting`, or ConfigError."""
     kind = setting.kind
     if kind in ("list", "pair"):
-        items = raw if isinstance(raw, list) else [item.strip() for item in raw.split(",")]
-        items = [item for item in items if item]
+        items = [i.strip() for i in (raw if isinstance(raw, list) else raw.split(",")) if i.strip()]
         if kind == "list":
             unknown = [item for item in items if setting.choices and item not in setting.choices]
             if unknown:
@@ -699,7 +691,6 @@ def convert(setting: Setting, raw):
             return list(dict.fromkeys(items))
         if len(items) != 2 or not all(re.fullmatch(r"\d+", item) for item in items):
             raise ConfigError(f"expected {expected(setting)}, got {', '.join(items) or 'nothing'}")
-        # Each number is checked as an int of the same range: warn at, then stop at.
         warn, stop = (convert(setting._replace(kind="int"), item) for item in items)
         if warn >= stop:
             raise ConfigError(f"the first number (warn at) must be below the second (stop at), "
@@ -716,9 +707,8 @@ def convert(setting: Setting, raw):
         if value is None or value != value:             # not a number, or NaN
             raise ConfigError(f"expected {expected(setting)}, got {text!r}")
         if not setting.low <= value <= setting.high:
-            unit = f" {setting.unit}" if setting.unit else ""
-            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}{unit}, "
-                              f"got {value:,}")
+            raise ConfigError(f"must be from {setting.low:,} to {setting.high:,}"
+                              f"{' ' + setting.unit if setting.unit else ''}, got {value:,}")
         return value
     if kind == "str" and text:
         return text
@@ -832,11 +822,9 @@ def apply_limits(config: Config) -> None:
     """Earlier stages' module limits, set from the chain before anything reads them."""
     global COMPRESSION_THRESHOLD, MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT, MAX_CHILD_ITERATIONS
     COMPRESSION_THRESHOLD = config["compression.threshold"]
-    MEMORY_CHAR_LIMIT = config["memory.memory_chars"]
-    USER_CHAR_LIMIT = config["memory.user_chars"]
+    MEMORY_CHAR_LIMIT, USER_CHAR_LIMIT = config["memory.memory_chars"], config["memory.user_chars"]
     MAX_CHILD_ITERATIONS = config["delegation.max_child_iterations"]
-    for kind in GUARDRAIL_THRESHOLDS:
-        GUARDRAIL_THRESHOLDS[kind] = tuple(config[f"guardrails.{kind}"])
+    GUARDRAIL_THRESHOLDS.update({k: tuple(config[f"guardrails.{k}"]) for k in GUARDRAIL_THRESHOLDS})
     MEMORY_ENTRY.schema = memory_schema()       # its description names the limits
 
 #: hardened
@@ -855,8 +843,7 @@ def apply_limits(config: Config) -> None:
 
 #: teaching
 def deny_rule_matched(command: str, rules) -> str | None:
-    """The first rule of approvals.deny that `command` matches, or None: a glob, case
-    ignored, on the normalised command and on each part between ; && || | and &."""
+    """The first approvals.deny glob matching the command or a part of it (case ignored)."""
     text = normalize_command(command).casefold()
     texts = [" ".join(part.split()) for part in [text, *SHELL_SEPARATORS.split(text)]]
     return next((rule for rule in rules
@@ -1051,9 +1038,8 @@ def show_config(config: Config | None) -> None:
     if config is None:
         console.print(Text("no configuration: the agent was not started by main()", "yellow"))
         return
-    table = Table(title=CHAIN_ORDER, title_justify="left", show_lines=False)
-    for column in ("key / $variable", "value", "source"):
-        table.add_column(column, overflow="fold")
+    columns = [Column(name, overflow="fold") for name in ("key / $variable", "value", "source")]
+    table = Table(*columns, title=CHAIN_ORDER, title_justify="left")
     for setting in SETTINGS:                # Text cells: a value is never read as markup
         value, origin = shown_value(setting, config[setting.key]), config.origin(setting.key)
         if setting.key == "model" and config.offline:   # what answers, not an unused name
@@ -1211,8 +1197,7 @@ DEMO_LAYERS = [     # weakest first: (label, the files it writes, its variables,
 #: teaching
 def demo_chain(session: Session) -> None:
     key = "approvals.timeout"
-    console.print(Text(f"\n1. Each step adds a layer that sets {key}; the strongest wins:",
-                       style="bold"))
+    console.print(f"\n1. Each step adds a layer that sets {key}; the strongest wins:", style="bold")
     environ, argv = {"LEARN_HERMES_HOME": os.getcwd()}, []     # this folder is the home
     for label, files, variables, flags in DEMO_LAYERS:
         for name, text in files.items():
@@ -1223,8 +1208,12 @@ def demo_chain(session: Session) -> None:
         console.print(Text(f"  + {label:<38} {key} = {config[key]:<3} from {config.origin(key)}"))
     for warning in config.warnings:
         console.print(Text(f"  {warning}", style="yellow"))
-
-
+    rules = "approvals: {yolo: true, deny: ['rm -rf *']}"
+    console.print(Text(f"\n2. A deny rule beats YOLO. config.yaml: {rules}", style="bold"))
+    (hermes_home() / CONFIG_FILE_NAME).write_text(rules + "\n", encoding="utf-8")
+    config = load_config(parse_args([]), {"LEARN_HERMES_HOME": str(hermes_home())})
+    with_approvals(permissions_from_config(config), session,
+                   lambda session: [demo_turn(session, line) for line in DEMO_INPUTS])
 
 
 #: hardened
@@ -1270,16 +1259,6 @@ def demo_mistakes(session: Session) -> None:
         note = " (YAML itself would read off as false)" if "off" in text else ""
         console.print(Text(f"  approvals.mode = {config['approvals.mode']!r}{note}"))
     path.unlink()
-
-
-#: teaching
-def demo_deny(session: Session) -> None:
-    rules = "approvals: {yolo: true, deny: ['rm -rf *']}"
-    console.print(Text(f"\n2. A deny rule beats YOLO. config.yaml: {rules}", style="bold"))
-    (hermes_home() / CONFIG_FILE_NAME).write_text(rules + "\n", encoding="utf-8")
-    config = load_config(parse_args([]), {"LEARN_HERMES_HOME": str(hermes_home())})
-    with_approvals(permissions_from_config(config), session,
-                   lambda session: [demo_turn(session, line) for line in DEMO_INPUTS])
 
 
 #: hardened
@@ -1417,10 +1396,9 @@ SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
 #: teaching
 def tool_fields(tools: list) -> dict:
     """s01's tool_fields(), with tool_choice from the chain (no chain: HERMES_TOOL_CHOICE)."""
-    choice = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
-    if not tools:
-        return {}
-    return {"tools": tools} if choice == "omit" else {"tools": tools, "tool_choice": "auto"}
+    named = CONFIG["tool_choice"] if CONFIG is not None else os.environ.get(TOOL_CHOICE_VAR)
+    choice = {} if named == "omit" else {"tool_choice": "auto"}
+    return {"tools": tools, **choice} if tools else {}
 
 #: hardened
 def tool_fields(tools: list) -> dict:
@@ -1554,15 +1532,14 @@ def gate_checks(command: str) -> str | None:
 
 #: teaching
 class Permissions:
-    """The approval policy of one running agent, fixed by main() at start-up (nothing
-    read later can loosen it), and what was approved in each session."""
+    """The policy of this run, fixed at start-up, and what each session approved."""
 
     def __init__(self, mode: str = "manual", yolo_source: str | None = None,
                  timeout: int = APPROVAL_TIMEOUT, write_root: Path | None = None,
                  deny_rules: tuple = (), config_allowlist: frozenset = frozenset(),
                  yolo_locked: str | None = None):
         self.mode = mode                    # one of APPROVAL_MODES
-        self.yolo_source = yolo_source      # where YOLO was switched on ("--yolo", ...), or None
+        self.yolo_source = yolo_source      # "--yolo", "HERMES_YOLO_MODE" or None (off)
         self.yolo_locked = yolo_locked      # s11: where the managed file set approvals.yolo
         self.timeout = timeout              # seconds the prompt waits
         self.write_root = write_root        # write_file/patch stay inside it (resolved)
@@ -1676,8 +1653,7 @@ class Permissions:
 
 #: teaching
 def policy_files() -> list[Path]:
-    """The files that hold approval policy: only the user changes them. s11: config.yaml
-    too, in this home and the one holding the profiles, and every file the chain read."""
+    """The files of approval policy: only the user changes them (s11: every config file)."""
     homes = dict.fromkeys([hermes_home(), base_home()])
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)] \
         + chain_files()
@@ -1789,6 +1765,43 @@ def protected_path_problem(real: Path) -> str | None:
         return "is a policy file of this agent: only the user changes it"
     return repository_code_problem(real)
 
+#: teaching
+HELP_TEXT = """Commands:
+  /help          this help
+  /tools         the tools offered to the model, by toolset
+  /sessions      saved sessions, newest first (* = this one)
+  /resume ID     continue a saved session
+  /prompt        the system prompt of this session
+  /compress      prune old tool outputs and summarise the middle of the conversation now
+  /recovery      retries, fallback, budget and guardrails of this session
+  /memory        the memory files as they are on disk, and how full they are
+  /skills        the skills a new session's index lists, and any that are not usable
+  /permissions   the approval mode, YOLO, timeout, write root and what is approved
+  /yolo          YOLO on or off for this session only (never for hardline commands)
+  /delegation    how sub-agents run: budget, limits, approvals, heartbeat
+  /config        every setting, its value and where it came from (--show-config)
+  /quit          leave (Ctrl-D works too)
+Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
+The offline model understands:
+  $ <command>            run a shell command with the terminal tool (through the gate)
+  read <path>            read a file with read_file
+  write <path> <text>    write a file with write_file
+  call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
+  search <words>         search earlier sessions with session_search
+  prompt                 the model says what system prompt it received
+  context                the model says what conversation it received (summary, pruned)
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
+  retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
+  remember <fact>        save a note with the memory tool (MEMORY.md)
+  remember about me: <fact>   save it to the user profile (USER.md)
+  skills                 list the skills with skills_list
+  skill <name>           load a skill with skill_view
+  delegate <goal>        a sub-agent does it (delegate_task); <goal> | <goal>: up to 3 at once
+  config                 the model says which settings this run has and who set them"""
+
+
+#: hardened
 HELP_TEXT = """Commands:
   /help          this help
   /tools         the tools offered to the model, by toolset
@@ -1838,21 +1851,16 @@ DEMO_INPUTS = ["$ rm -rf build", "$ rm -r build",
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved = {name: os.environ.get(name) for name in ("HOME", "LEARN_HERMES_HOME", "PATH")}
-    saved_folder = current_directory()
+    saved_environment, saved_folder = os.environ.copy(), current_directory()
     with tempfile.TemporaryDirectory(prefix="s11-demo-") as folder:
         try:
             enter_demo_folder(Path(folder))
             console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
                                f"state folder, and an rm that only prints.", style="dim"))
             demo_chain(session)
-            demo_deny(session)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            os.environ.clear()
+            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
@@ -1884,18 +1892,14 @@ def run_demo(session: Session) -> int:
 
 #: teaching
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
-        epilog="Without OPENAI_API_KEY or OPENAI_BASE_URL the built-in offline model is used. "
-               f"Settings: {CHAIN_ORDER}")
+    parser = argparse.ArgumentParser(prog=STAGE, description=f"{STAGE}: {STAGE_TITLE}.",
+                                     epilog=f"Settings: {CHAIN_ORDER}")
     parser.add_argument("-p", "--prompt", help="ask one question, print the answer, exit")
     parser.add_argument("--demo", action="store_true", help="scripted walk-through (offline)")
     parser.add_argument("--offline", action="store_true", help="use the built-in offline model")
     parser.add_argument("--config", metavar="PATH", help="read this file, not the home's one")
-    parser.add_argument("--profile", metavar="NAME", help=f"use $LEARN_HERMES_HOME/"
-                        f"{PROFILES_DIR_NAME}/NAME as the home, with its own config and state")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print every setting, its value and where it came from; exit")
+    parser.add_argument("--profile", metavar="NAME", help="a home of its own: profiles/NAME")
+    parser.add_argument("--show-config", action="store_true", help="every setting and its source")
     for setting in SETTINGS:
         if setting.flag:
             add_setting_flag(parser, setting)

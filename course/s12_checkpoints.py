@@ -9,10 +9,8 @@ What this stage adds
     checkpoints/ (the project's .git is untouched). /rollback lists them, /rollback diff N
     shows the changes since N, /rollback N makes the project N again (undo: /rollback 1).
 
-    first change of a turn ─▶ before_change() ─▶ snapshot(reason) ─▶ the tool runs
-        add -A ─▶ nothing changed? skip ─▶ write-tree ─▶ commit-tree ─▶ refs/checkpoints/N
-    /rollback N ─▶ restore(): snapshot("before rollback to …"), then
-        git restore --source=<id> --staged --worktree --no-overlay -- .
+    first change of a turn ─▶ before_change() ─▶ snapshot(): add -A, commit ─▶ the tool runs
+    /rollback N ─▶ restore(): a snapshot first (the undo), then git restore --source=<id>
 
 Reading guide
     "[s12] Checkpoints" is the lesson, then its details and /rollback. agents/hardened/ adds more.
@@ -167,8 +165,7 @@ class Restored(NamedTuple):
 
 #: teaching
 class CheckpointManager:
-    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow"
-    store). Every git call names the store and the project: the project's .git is untouched."""
+    """Checkpoints of one project in a bare git repository of the agent's own (a "shadow")."""
 
     def __init__(self, project: Path, home: Path | None = None, max_snapshots: int = MAX_SNAPSHOTS,
                  max_files: int = MAX_FILES, max_file_size_mb: int = MAX_FILE_SIZE_MB):
@@ -237,7 +234,6 @@ class CheckpointManager:
         """git with `args`, in the project folder; CheckpointError with git's complaint."""
         if self.git_program is None:
             raise CheckpointError("git is not installed (or not on PATH)")
-        # No GIT_DIR (or any GIT_*) of the agent's, no secrets, no user or system git config.
         env = {name: value for name, value in scrubbed_environment().items()   # no secrets,
                if not name.upper().startswith("GIT_")}  # no GIT_DIR, GIT_INDEX_FILE, ...
         env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",   # no user or
@@ -624,8 +620,7 @@ def say_no_checkpoints_once(manager: CheckpointManager, why_not: str) -> None:
 
 #: teaching
 def never_checkpointed(project: Path, home: Path) -> str | None:
-    """Why this folder gets no checkpoints, or None: / and home are too much, the agent's
-    state folder holds the stores, a folder in no project may be anything (/tmp)."""
+    """Why this folder gets no checkpoints (/, home, the state folder, no project), or None."""
     if project.parent == project or project == Path(os.path.realpath(os.path.expanduser("~"))):
         return f"{project} is the root or the home folder: it is never checkpointed"
     if project == home or home in project.parents or project in home.parents:
@@ -1120,10 +1115,8 @@ def checkpoints_from_config(config: Config) -> CheckpointManager | None:
         err_console.print(Text("warning: checkpoints are off: git is not installed (or not "
                                "on PATH), and /rollback has nothing to restore", style="yellow"))
         return None
-    return CheckpointManager(project_root(folder), hermes_home(),
-                             config["checkpoints.max_snapshots"],
-                             config["checkpoints.max_files"],
-                             config["checkpoints.max_file_size_mb"])
+    return CheckpointManager(project_root(folder), hermes_home(), *(config[f"checkpoints.{key}"]
+                             for key in ("max_snapshots", "max_files", "max_file_size_mb")))
 
 
 #: hardened
@@ -1467,6 +1460,19 @@ def write_refusal(target: Path) -> str | None:
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
 
 
+#: teaching
+MORE_SETTINGS = (       # s12's rows of SETTINGS (s11's build_settings() ends with them)
+    Setting("checkpoints.enabled", "bool", True, "a checkpoint of the project before the first "
+            "change of each turn (/rollback)", None, "--checkpoints"),
+    Setting("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
+            "the oldest are pruned", low=1, high=500),
+    Setting("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
+            "checkpointed", low=1, high=10_000_000),
+    Setting("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
+            "out of checkpoints", low=1, high=100_000, unit="MB"))
+
+
+#: hardened
 def build_settings() -> tuple:
     toolsets = tuple(REGISTRY.toolsets())
     S = Setting
@@ -1579,24 +1585,21 @@ HELP_TEXT = """Commands:
   /quit          leave (Ctrl-D works too)
 Ctrl-C cancels the current turn and keeps the REPL (at an approval prompt: deny).
 The offline model understands:
-  $ <command>            run a shell command with the terminal tool (a dangerous one
-                         only after your approval; a hardline one never)
+  $ <command>            run a shell command with the terminal tool (through the gate)
   read <path>            read a file with read_file
   write <path> <text>    write a file with write_file
   call <tool> <json>     send a raw tool call, exactly as written (try a broken one)
   search <words>         search earlier sessions with session_search
   prompt                 the model says what system prompt it received
   context                the model says what conversation it received (summary, pruned)
-  fail <kind> [times]    the endpoint fails this request (default once) before it
-                         answers; kinds: rate_limit, billing, auth, model_not_found,
-                         context_overflow, bad_request, server, connection
+  fail <kind> [times]    the endpoint fails first (rate_limit, billing, auth, server, connection,
+                         model_not_found, context_overflow, bad_request); default: once
   retry <input>          like a stuck model, repeat the call <input> makes (retry $ false)
   remember <fact>        save a note with the memory tool (MEMORY.md)
   remember about me: <fact>   save it to the user profile (USER.md)
   skills                 list the skills with skills_list
   skill <name>           load a skill with skill_view
-  delegate <goal>        give the goal to a sub-agent with delegate_task (try
-                         delegate $ ls); delegate <goal> | <goal> runs up to 3 at once
+  delegate <goal>        a sub-agent does it (delegate_task); <goal> | <goal>: up to 3 at once
   config                 the model says which settings this run has and who set them"""
 
 
@@ -1706,12 +1709,13 @@ DEMO_INPUTS = ["write todo.txt buy milk",
 #: teaching
 def run_demo(session: Session) -> int:
     console.print(Text(f"{STAGE} demo: {STAGE_TITLE}.", style="bold"))
-    saved_folder, saved_checkpoints = current_directory(), CHECKPOINTS
-    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder, \
-            mock.patch.dict(os.environ):        # HOME, LEARN_HERMES_HOME, PATH come back
+    saved_environment, saved_folder = os.environ.copy(), current_directory()
+    saved_checkpoints = CHECKPOINTS
+    with tempfile.TemporaryDirectory(prefix="s12-demo-") as folder:
         try:
             enter_demo_folder(Path(folder))
-            console.print(Text(f"The demo works in a temporary folder: {folder}", style="dim"))
+            console.print(Text(f"The demo works in {folder}: a temporary folder, home and "
+                               f"state folder, and an rm that only prints.", style="dim"))
             for name, text in DEMO_FILES.items():
                 Path(name).write_text(text, encoding="utf-8")
             use_checkpoints(CheckpointManager(project_root(Path.cwd()), hermes_home()))
@@ -1719,6 +1723,8 @@ def run_demo(session: Session) -> int:
                 demo_turn(session, line)
         finally:
             use_checkpoints(saved_checkpoints)
+            os.environ.clear()
+            os.environ.update(saved_environment)    # HOME, PATH, LEARN_HERMES_HOME as before
             if saved_folder is not None:
                 os.chdir(saved_folder)
     return 0
@@ -1748,21 +1754,19 @@ def run_demo(session: Session) -> int:
 
 #: teaching
 def add_setting_flag(parser, setting: Setting) -> None:
-    """A flag of SETTINGS. Its text is checked by the chain, like a value from any layer."""
+    """A flag of SETTINGS, with no type and no default: the chain checks its text."""
+    variable = f", ${setting.env}" if setting.env else ""     # every way to set it
     default = shown_value(setting, setting.default)
-    # Every way to set it: this flag, the key in config.yaml, and the variable if any.
-    variable = f", ${setting.env}" if setting.env else ""
     help_text = f"{setting.help} ({setting.key}{variable}; default {default})".replace("%", "%%")
-    if setting.kind == "bool":
-        parser.add_argument(setting.flag, dest=setting.key, action="store_const",
-                            const="true", help=help_text)
-        if setting.default is True:     # s12: what is on by default can be switched off
-            parser.add_argument("--no-" + setting.flag[2:], dest=setting.key, action="store_const",
-                                const="false", help=f"switch {setting.key} off")
+    if setting.kind == "bool":                  # --yolo, not --yolo true
+        options = {"action": "store_const", "const": "true"}
     else:
-        metavar = "{" + ",".join(setting.choices) + "}" if setting.kind == "choice" else \
-            setting.unit.upper() or setting.kind.upper()
-        parser.add_argument(setting.flag, dest=setting.key, metavar=metavar, help=help_text)
+        options = {"metavar": "{" + ",".join(setting.choices) + "}" if setting.kind == "choice"
+                   else setting.unit.upper() or setting.kind.upper()}
+    parser.add_argument(setting.flag, dest=setting.key, help=help_text, **options)
+    if setting.kind == "bool" and setting.default is True:     # s12: --no-checkpoints
+        parser.add_argument("--no-" + setting.flag[2:], dest=setting.key, action="store_const",
+                            const="false", help=f"switch {setting.key} off")
 
 
 #: hardened
