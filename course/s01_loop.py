@@ -476,7 +476,7 @@ def safe_text(text: str) -> str:
 
 #: teaching
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments) as text that can be printed, stored and sent, even if odd."""
+    """(id, name, arguments) as safe text: a server may send null, or a lone surrogate."""
     parts = call.id, call.function.name, call.function.arguments
     return tuple(safe_text(str(part or "")) for part in parts)
 
@@ -1072,7 +1072,8 @@ def exit_on_signals() -> None:
 
 
 #: teaching
-def run_prompt(session: Session, text: str) -> int:                  # -p: the exit code
+def run_prompt(session: Session, text: str) -> int:
+    """-p: one question or one slash command, then the exit code."""
     try:
         done = (handle_command if text.strip().startswith("/") else run_turn)(session, text)
     except KeyboardInterrupt:
