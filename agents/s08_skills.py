@@ -1684,7 +1684,7 @@ MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than th
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 TOOL_CHOICE_VAR = "HERMES_TOOL_CHOICE"  # "omit": send no tool_choice (see tool_fields())
-MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
+MAX_SHOWN_ARGUMENT_CHARS = 300          # of a call's arguments the REPL shows (a 2 MB write_file)
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -1850,8 +1850,7 @@ def first_line(text: str, limit: int = 200) -> str:
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     with contextlib.suppress(AttributeError, IndexError, TypeError):  # a web page: no .choices
-        message = response.choices[0].message
-        if isinstance(message.content, (str, type(None))):
+        if isinstance((message := response.choices[0].message).content, (str, type(None))):
             return message
     raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
@@ -1961,7 +1960,6 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines[:max_lines] + more])
 
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
-    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     more = len(arguments) - limit
     return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
 
@@ -1994,14 +1992,17 @@ def undecodable_to_replacement(line: str) -> str:
     return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 def read_line(prompt: str, interactive: bool) -> str | None:
-    """Read one line; None at EOF. A piped line is echoed after the prompt, as if typed."""
-    try:
-        line = undecodable_to_replacement(input(prompt if interactive else ""))
-    except EOFError:
-        console.print(end="\n" if interactive else "")  # Ctrl-D: end the prompt line
+    """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
+    if interactive:
+        try:
+            return undecodable_to_replacement(input(prompt))
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
+            return None
+    if not (line := sys.stdin.readline() if sys.stdin else ""):
         return None
-    if not interactive:
-        console.print(Text(prompt + line, style="bold"))
+    line = undecodable_to_replacement(line.rstrip("\n"))
+    console.print(Text(prompt + line, style="bold"))
     return line
 
 def repl(session: Session) -> int:
@@ -2098,6 +2099,7 @@ class CtrlC:
 
     @classmethod
     def install(cls) -> None:
+        cls.armed = True
         signal.signal(signal.SIGINT, cls.on_sigint)
 
     @classmethod
@@ -2120,7 +2122,6 @@ def exit_on_signals() -> None:
         signal.signal(number, lambda signum, frame: sys.exit(128 + signum))
 
 def run_prompt(session: Session, text: str) -> int:
-    """-p: one question or one slash command, then the exit code."""
     try:
         done = (handle_command if text.strip().startswith("/") else run_turn)(session, text)
     except KeyboardInterrupt:

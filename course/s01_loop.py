@@ -3,12 +3,10 @@
 #: docstring | teaching
 """s01 · The agent loop — a model, one terminal tool, and a loop that knows when to stop.
 
-Send the conversation to a chat model, run every tool call it asks for, send the results
-back; repeat until it answers without one. Every call gets exactly one result, even on
-Ctrl-C; --max-iterations (default 30) ends a turn that never stops. POSIX (process groups).
+Send the conversation to a chat model, run the tool calls it asks for, send back one result
+per call (even on Ctrl-C); repeat until it answers without one. POSIX (process groups).
 Reading guide: "[s01] The agent loop" is the lesson; the REPL and offline model are plumbing.
-Run: python agents/s01_loop.py [--demo | -p '$ uname -a']   (offline model without a key)
-Chapter: docs/en/s01-loop.md
+Run: python agents/s01_loop.py [--demo | -p '$ uname -a'] · chapter: docs/en/s01-loop.md
 """
 
 #: docstring | hardened
@@ -78,6 +76,7 @@ MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's a
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 #: teaching
+MAX_SHOWN_ARGUMENT_CHARS = 300          # of a call's arguments the REPL shows (a 2 MB write_file)
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -438,8 +437,7 @@ class NotAnAPIError(openai.OpenAIError):
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
     with contextlib.suppress(AttributeError, IndexError, TypeError):  # a web page: no .choices
-        message = response.choices[0].message
-        if isinstance(message.content, (str, type(None))):
+        if isinstance((message := response.choices[0].message).content, (str, type(None))):
             return message
     raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
@@ -672,8 +670,8 @@ class Session:
 
 #: teaching
 def show_event(kind: str, data: dict) -> None:
-    if kind == "tool_call":                 # at most 300 characters of the arguments
-        console.print(Text(f"  → {data['name']} {data['arguments'][:300]}", style="cyan"))
+    if kind == "tool_call":
+        console.print(Text(f"  → {data['name']} {shown_arguments(data['arguments'])}", "cyan"))
     elif kind == "tool_result":
         console.print(Text(indent_result(data["result"]), style="dim"))
 
@@ -716,6 +714,12 @@ def indent_result(result: str, max_lines: int = 12) -> str:
     return "\n".join([header] + [f"    {line}" for line in lines])
 
 
+#: teaching
+def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
+    more = len(arguments) - limit
+    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
+
+
 #: hardened
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
     """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
@@ -724,6 +728,21 @@ def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> st
     return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
 
 
+#: teaching
+def run_turn(session: Session, user_text: str) -> bool:
+    session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
+    try:
+        answer = run_conversation(session.client, session.model, session.messages,
+                                  session.max_iterations, show_event)
+    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
+        err_console.print(Text("error: " + describe_api_error(exc, session.base_url, session.model),
+                               style="red"))
+        return False
+    console.print(Text(answer))
+    return True
+
+
+#: hardened
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
@@ -790,14 +809,17 @@ def undecodable_to_replacement(line: str) -> str:
 
 #: teaching
 def read_line(prompt: str, interactive: bool) -> str | None:
-    """Read one line; None at EOF. A piped line is echoed after the prompt, as if typed."""
-    try:
-        line = undecodable_to_replacement(input(prompt if interactive else ""))
-    except EOFError:
-        console.print(end="\n" if interactive else "")  # Ctrl-D: end the prompt line
+    """Read one line; None at EOF. A pipe is read line by line, without a prompt."""
+    if interactive:
+        try:
+            return undecodable_to_replacement(input(prompt))
+        except EOFError:                    # Ctrl-D: end the prompt line before leaving
+            console.print()
+            return None
+    if not (line := sys.stdin.readline() if sys.stdin else ""):
         return None
-    if not interactive:
-        console.print(Text(prompt + line, style="bold"))
+    line = undecodable_to_replacement(line.rstrip("\n"))
+    console.print(Text(prompt + line, style="bold"))
     return line
 
 
@@ -963,17 +985,14 @@ def parse_args(argv=None):
 
 #: teaching
 def open_session(args) -> Session:
-    """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
     api_key = os.environ.get("OPENAI_API_KEY")
-    if args.offline or args.demo or not (base_url or api_key):
-        server = start_offline_server()
-        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
-        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
-                               style="yellow"))
-        return Session(make_client(server.url, "offline"), "offline", server.url,
-                       args.max_iterations)
     model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
+    if args.offline or args.demo or not (base_url or api_key):     # the offline model
+        base_url, api_key, model = start_offline_server().url, "offline", "offline"
+        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
+        err_console.print(Text(f"[offline model at {base_url}: no API key needed.{hint}]",
+                               style="yellow"))
     client = make_client(base_url, api_key)
     return Session(client, model, str(client.base_url), args.max_iterations)
 
@@ -1003,6 +1022,7 @@ class CtrlC:
 
     @classmethod
     def install(cls) -> None:
+        cls.armed = True
         signal.signal(signal.SIGINT, cls.on_sigint)
 
     @classmethod
@@ -1073,7 +1093,6 @@ def exit_on_signals() -> None:
 
 #: teaching
 def run_prompt(session: Session, text: str) -> int:
-    """-p: one question or one slash command, then the exit code."""
     try:
         done = (handle_command if text.strip().startswith("/") else run_turn)(session, text)
     except KeyboardInterrupt:

@@ -801,10 +801,6 @@ STAGE_TITLE = "tool registry, validation door and file tools"
 
 
 #: teaching
-MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
-
-
-#: teaching
 def run_conversation(client, model: str, messages: list,
                      max_iterations: int = MAX_ITERATIONS, on_event=None, tools=None) -> str:
     """The agent loop. Returns the final answer text.
@@ -980,13 +976,6 @@ def show_event(kind: str, data: dict) -> None:
         console.print(Text(indent_result(data["result"]), style=style))
         if outcome != "ok":
             console.print(Text(f"    [{outcome}]", style=style))
-
-
-#: teaching
-def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
-    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
-    more = len(arguments) - limit
-    return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
 
 
 def run_turn(session: Session, user_text: str) -> bool:
