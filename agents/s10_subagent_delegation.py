@@ -30,6 +30,7 @@ Chapter
 from __future__ import annotations
 
 import argparse
+import contextlib
 import contextvars
 import fnmatch
 import glob
@@ -2454,7 +2455,7 @@ MAX_TERMINAL_TIMEOUT = 600              # the model may not ask for more than th
 MAX_OUTPUT_CHARS = 12_000               # longer output keeps its head and tail
 API_TIMEOUT = 120                       # seconds to wait for one model response
 TOOL_CHOICE_VAR = "HERMES_TOOL_CHOICE"  # "omit": send no tool_choice (see tool_fields())
-MAX_SHOWN_ARGUMENT_CHARS = 300          # the REPL shows this much of a call's arguments
+MAX_SHOWN_ARGUMENT_CHARS = 300          # of a call's arguments the REPL shows (a 2 MB write_file)
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -2538,9 +2539,8 @@ def tool_message(call_id: str, content: str) -> dict:
 # ── [s01] The terminal tool ─────────────────────────────────────────────────
 
 TERMINAL_SCHEMA = {"type": "function", "function": {
-    "name": "terminal",
-    "description": "Run a shell command in the working directory and return its "
-                   "combined stdout/stderr and exit code.",
+    "name": "terminal", "description": "Run a shell command in the working directory and "
+                                       "return its combined stdout/stderr and exit code.",
     "parameters": {"type": "object", "required": ["command"], "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
         "timeout": {"type": "integer", "description": f"Seconds before the command is killed "
@@ -2549,22 +2549,23 @@ TERMINAL_SCHEMA = {"type": "function", "function": {
 def run_terminal(command: str, timeout: int | None = None) -> str:
     """Run one shell command; return JSON {"output": ..., "exit_code": ...}."""
     timeout = TERMINAL_TIMEOUT if timeout is None else timeout
-    if not isinstance(command, str) or not command.strip() or type(timeout) is not int \
-            or not 1 <= timeout <= MAX_TERMINAL_TIMEOUT:    # type(): True is no timeout
+    if not (command.strip() and type(timeout) is int and 1 <= timeout <= MAX_TERMINAL_TIMEOUT):
         return json.dumps({"error": f"need a command and a timeout of 1-{MAX_TERMINAL_TIMEOUT} s"})
     with start_command(command) as proc:
         try:
             raw, code, note = proc.communicate(timeout=timeout)[0], proc.returncode, ""
         except subprocess.TimeoutExpired as timed_out:
-            kill_process_group(proc)
+            os.killpg(proc.pid, signal.SIGKILL)     # the whole group: what it started, too
             raw, code = timed_out.output or b"", 124        # 124: GNU timeout's exit code
             note = f"\n[command timed out after {timeout}s; its process group was killed]"
         except BaseException:                   # Ctrl-C: never leave the command running
-            kill_process_group(proc)
+            with contextlib.suppress(ProcessLookupError):   # unless it has just ended
+                os.killpg(proc.pid, signal.SIGKILL)
             raise
-    output = BoundedOutput()
-    output.add(raw.decode("utf-8", errors="replace"))   # bytes that are not UTF-8 become �
-    return json.dumps({"output": output.text() + note, "exit_code": code}, ensure_ascii=False)
+    output, half = raw.decode("utf-8", errors="replace"), MAX_OUTPUT_CHARS // 2  # not UTF-8: �
+    if (cut := len(output) - MAX_OUTPUT_CHARS) > 0:     # keep the head, and the tail (errors)
+        output = f"{output[:half]}\n... [{cut} characters truncated] ...\n{output[half + cut:]}"
+    return json.dumps({"output": output + note, "exit_code": code}, ensure_ascii=False)
 
 def start_command(command: str) -> subprocess.Popen:
     """A new session makes the command the leader of its own process group, so a
@@ -2590,7 +2591,6 @@ TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parse
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
 def refuses_tool_choice(exc: Exception) -> bool:
-    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
@@ -2623,12 +2623,9 @@ def first_line(text: str, limit: int = 200) -> str:
 
 def first_message(response):
     """The assistant message of a chat completion, or a clear error (a wrong base URL)."""
-    try:
-        message = response.choices[0].message
-        if isinstance(message.content, (str, type(None))):
+    with contextlib.suppress(AttributeError, IndexError, TypeError):  # a web page: no .choices
+        if isinstance((message := response.choices[0].message).content, (str, type(None))):
             return message
-    except (AttributeError, IndexError, TypeError):     # a web page is text: no .choices
-        pass
     raise openai.OpenAIError("the answer is not a chat completion; check OPENAI_BASE_URL, --model")
 
 def safe_text(text: str) -> str:
@@ -2636,9 +2633,8 @@ def safe_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 def call_parts(call) -> tuple[str, str, str]:
-    """(id, name, arguments) as safe text; a call without `function` gets a name no tool has."""
-    fn = getattr(call, "function", None)
-    parts = getattr(call, "id", ""), getattr(fn, "name", ""), getattr(fn, "arguments", "")
+    """(id, name, arguments) as safe text: a server may send null, or a lone surrogate."""
+    parts = call.id, call.function.name, call.function.arguments
     return tuple(safe_text(str(part or "")) for part in parts)
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:
@@ -2650,31 +2646,6 @@ def answer_open_tool_calls(messages: list, reason: str) -> None:
     for call in (calls if isinstance(calls, list) else [])[len(messages) - start:]:
         call_id = call.get("id") if isinstance(call, dict) else None  # a hand-edited session
         messages.append(tool_message(safe_text(str(call_id or "")), json.dumps({"error": reason})))
-
-# ── [s01] Terminal details ──────────────────────────────────────────────────
-
-class BoundedOutput:
-    """Output cut to its first and last part, and a count of the cut: errors come at the end."""
-
-    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
-        self.limit, self.whole = limit, ""
-
-    def add(self, chunk: str) -> None:
-        self.whole += chunk
-
-    def text(self) -> str:
-        cut, head = len(self.whole) - self.limit, self.limit // 2
-        if cut <= 0:
-            return self.whole
-        tail = self.whole[head + cut:]
-        return f"{self.whole[:head]}\n... [{cut} characters truncated] ...\n{tail}"
-
-def kill_process_group(proc: subprocess.Popen) -> None:
-    """Kill the command and everything it started (its whole process group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):   # already gone
-        pass
 
 # ── [s01] Command line and REPL ─────────────────────────────────────────────
 
@@ -2760,19 +2731,16 @@ def show_event(kind: str, data: dict) -> None:
         show_compression_event(kind, data)
 
 def indent_result(result: str, max_lines: int = 12) -> str:
-    """A tool result as a short indented block: a status line, then the output."""
     try:
-        data = json.loads(result)
-    except json.JSONDecodeError:
-        data = None
-    data = data if isinstance(data, dict) else {"output": result}
+        data = dict(json.loads(result))
+    except (ValueError, TypeError):         # not JSON, or JSON that is not an object
+        data = {"output": result}
     header = f"  ← exit {data['exit_code']}" if "exit_code" in data else "  ←"
     lines = str(data.get("output", data.get("error", result))).rstrip("\n").splitlines() or [""]
     more = [f"… ({len(lines) - max_lines} more lines)"] if len(lines) > max_lines else []
     return "\n".join([header] + [f"    {line}" for line in lines[:max_lines] + more])
 
 def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> str:
-    """A call's arguments as the REPL shows them: a 2 MB write_file must not fill the screen."""
     more = len(arguments) - limit
     return arguments if more <= 0 else f"{arguments[:limit]}… ({more} more characters)"
 
@@ -2797,7 +2765,6 @@ def run_turn(session: Session, user_text: str) -> bool:
 COMMANDS = {"/help": lambda session, argument: console.print(Text(HELP_TEXT))}  # stages add more
 
 def handle_command(session: Session, line: str) -> bool:
-    """Run one slash command; False if there is no such command."""
     name, _, argument = line.strip().partition(" ")
     if name not in COMMANDS:
         console.print(Text(f"unknown command {name}; /help lists the commands", style="yellow"))
@@ -2817,8 +2784,7 @@ def read_line(prompt: str, interactive: bool) -> str | None:
         except EOFError:                    # Ctrl-D: end the prompt line before leaving
             console.print()
             return None
-    line = sys.stdin.readline() if sys.stdin else ""
-    if not line:
+    if not (line := sys.stdin.readline() if sys.stdin else ""):
         return None
     line = undecodable_to_replacement(line.rstrip("\n"))
     console.print(Text(prompt + line, style="bold"))
@@ -2948,13 +2914,11 @@ def exit_on_signals() -> None:
         signal.signal(number, lambda signum, frame: sys.exit(128 + signum))
 
 def run_prompt(session: Session, text: str) -> int:
-    """-p: one question or one slash command, then the exit code."""
-    if text.strip().startswith("/"):
-        return 0 if handle_command(session, text) else 1
     try:
-        return 0 if run_turn(session, text) else 1
+        done = (handle_command if text.strip().startswith("/") else run_turn)(session, text)
     except KeyboardInterrupt:
         return 130
+    return 0 if done else 1
 
 def main(argv=None) -> int:
     exit_on_signals()

@@ -106,9 +106,7 @@ def test_pairing_holds_through_errors(stage):
 MALFORMED_CALLS = [
     raw_call({"id": "m1", "type": "function",
               "function": {"name": "terminal", "arguments": {"command": "echo dict-args"}}}),
-    raw_call({"id": "m2", "type": "custom", "custom": {"name": "terminal", "input": "ls"}}),
     raw_call({"id": "m3", "type": "function", "function": {"name": None, "arguments": "{}"}}),
-    raw_call({"id": "m4", "type": "function"}),
     raw_call({"id": "m5", "type": "function", "function": {"name": ["x"], "arguments": "{}"}}),
     call("terminal", '{"command": "echo", "timeout": 1' + "0" * 5000 + "}", "m6"),
     call("terminal", "[" * 100_000 + "]" * 100_000, "m7"),
@@ -118,14 +116,32 @@ MALFORMED_CALLS = [
 ]
 
 
-def test_malformed_tool_calls_get_a_result_each_and_never_crash(stage):
-    with FakeOpenAI([reply("", *MALFORMED_CALLS), reply("still here")]) as server:
+# A call of another type than "function" (which a server sends only for tools declared
+# so) has no `function` at all: the teaching edition's call_parts() reads call.function.
+CALLS_WITHOUT_A_FUNCTION = [
+    raw_call({"id": "m2", "type": "custom", "custom": {"name": "terminal", "input": "ls"}}),
+    raw_call({"id": "m4", "type": "function"}),
+]
+
+
+def check_malformed_calls(stage, calls):
+    with FakeOpenAI([reply("", *calls), reply("still here")]) as server:
         answer, messages = run_loop(stage, server)
     assert answer == "still here"
+    asked = [call["raw"]["id"] if "raw" in call else call["id"] for call in calls]
     assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == \
-        [f"m{n}" for n in range(1, 9)] + ["m9?"]
+        [call_id.replace("\ud800", "?") for call_id in asked]
     assert_every_request_paired(server)
     json.dumps(messages).encode("utf-8")       # everything is valid, encodable text
+
+
+def test_malformed_tool_calls_get_a_result_each_and_never_crash(stage):
+    check_malformed_calls(stage, MALFORMED_CALLS)
+
+
+@pytest.mark.hardening
+def test_calls_without_a_function_get_a_result_each_too(stage):
+    check_malformed_calls(stage, CALLS_WITHOUT_A_FUNCTION + MALFORMED_CALLS)
 
 
 @pytest.mark.parametrize("event", ["tool_call", "tool_result"])
@@ -428,6 +444,19 @@ def test_long_output_keeps_head_and_tail_with_a_marker(stage):
     assert len(output) < stage.MAX_OUTPUT_CHARS + 100
 
 
+@pytest.mark.parametrize("size", [12_000, 12_001, 24_000])     # the limit, one over, twice
+def test_output_at_the_limit_is_whole_or_cut_to_head_and_tail(stage, size, tmp_path):
+    """The teaching edition cuts the output once the command has ended; the hardened one
+    keeps head and tail while it runs (BoundedOutput, below): the same text either way."""
+    text = "".join(chr(65 + n % 26) for n in range(size))
+    (tmp_path / "out.txt").write_text(text)
+    output = json.loads(stage.run_terminal(f"cat {tmp_path / 'out.txt'}"))["output"]
+    cut, half = size - stage.MAX_OUTPUT_CHARS, stage.MAX_OUTPUT_CHARS // 2
+    assert output == (text if cut <= 0 else
+                      f"{text[:half]}\n... [{cut} characters truncated] ...\n{text[half + cut:]}")
+
+
+@pytest.mark.hardening
 @pytest.mark.parametrize("chunks", [["abcdefghijkl"], list("abcdefghijkl"), ["abc", "defghijkl"]])
 def test_bounded_output_keeps_head_and_tail_however_it_arrives(stage, chunks):
     output = stage.BoundedOutput(limit=10)
@@ -447,6 +476,7 @@ def test_bounded_output_holds_only_head_and_tail_in_memory(stage, chunks):
     assert len(output.head) + len(output.tail) == 10
 
 
+@pytest.mark.hardening
 def test_bounded_output_keeps_short_output_whole(stage):
     output = stage.BoundedOutput(limit=10)
     output.add("abcdefghij")
@@ -458,6 +488,7 @@ def test_bounded_output_keeps_short_output_whole(stage):
     (11, "01234\n... [1 characters truncated] ...\n6789a"),           # one over: never lost
     (20, "01234\n... [10 characters truncated] ...\nfghij"),          # twice the limit
 ])
+@pytest.mark.hardening
 def test_bounded_output_at_the_limit(stage, size, expected):
     for chunks in (["0123456789abcdefghij"[:size]], list("0123456789abcdefghij"[:size])):
         output = stage.BoundedOutput(limit=10)
