@@ -914,7 +914,8 @@ def safe_text(text: str) -> str:
 
 def call_parts(call) -> tuple[str, str, str]:
     """(id, name, arguments) as safe text: a server may send null, or a lone surrogate."""
-    parts = call.id, call.function.name, call.function.arguments
+    function = getattr(call, "function", None)      # a "custom" call has none: no such tool
+    parts = call.id, getattr(function, "name", ""), getattr(function, "arguments", "")
     return tuple(safe_text(str(part or "")) for part in parts)
 
 def answer_open_tool_calls(messages: list, reason: str) -> None:

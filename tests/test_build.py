@@ -394,3 +394,24 @@ def test_no_generated_line_is_longer_than_100_characters(built):
     long = [f"{path}:{number}" for path, text in built.items()
             for number, line in enumerate(text.splitlines(), start=1) if len(line) > 100]
     assert long == []
+
+
+def teaching_lines(built) -> dict[int, int]:
+    """Lines of each teaching-edition stage file, by stage number."""
+    return {int(path.split("/s")[1][:2]): text.count("\n") for path, text in built.items()
+            if path.startswith("agents/s")}
+
+
+def test_the_teaching_edition_keeps_its_line_budget(built):
+    """Issue 21 (curriculum §4a), everything counted: s01 at most 450 lines, each later stage
+    adds at most 400 (s09: 600), the last stage at most 4,500 in all."""
+    lines = teaching_lines(built)
+    over = [f"s01: {lines[1]} lines > 450"] if lines[1] > 450 else []
+    for stage in sorted(lines)[1:]:
+        added, limit = lines[stage] - lines[stage - 1], 600 if stage == 9 else 400
+        if added > limit:
+            over.append(f"s{stage:02}: adds {added} lines > {limit}")
+    last = max(lines)
+    if lines[last] > 4500:
+        over.append(f"s{last:02}: {lines[last]} lines > 4,500")
+    assert over == []
