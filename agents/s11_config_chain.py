@@ -2462,7 +2462,7 @@ def search_words(query: str) -> list[str]:
     """Only words survive: FTS syntax (quotes, AND, NEAR, *, parentheses) can't break a query."""
     return re.findall(r"\w+", query)
 
-# CJK characters: unused here (the hardened edition searches them with LIKE; s05 counts them).
+# CJK characters: FTS5 sees a run of them as one word (hardened: LIKE; s05 counts them).
 CJK_CHARACTER = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
                            "\uf900-\ufaff\U00020000-\U0002ffff]")
 

@@ -160,29 +160,9 @@ class ToolRegistry:
             return f"Error: {name} failed: {type(exc).__name__}: {first_line(exc)}"
 
 
-#: teaching
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
     """The door: (arguments, None) for a valid call, else (None, error text); never half-parsed."""
-    if name not in offered:
-        return None, unknown_tool_message(name, offered)
-    args, error = parse_arguments(name, raw_arguments)
-    if error:
-        return None, error
-    parameters = offered[name]["function"].get("parameters", {})
-    problems = argument_problems(args, parameters)
-    if problems:
-        expected = ", ".join(parameters.get("properties", {})) or "none"
-        return None, (f"Error: invalid arguments for {name}: {'; '.join(problems)}. "
-                      f"Expected arguments: {expected}.")
-    return args, None
-
-
-#: hardened
-def validate_tool_call(name: str, raw_arguments: str,
-                       offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, (None, error text) otherwise.
-    Nothing half-parsed ever reaches a handler."""
     if name not in offered:
         return None, unknown_tool_message(name, offered)
     args, error = parse_arguments(name, raw_arguments)
@@ -1081,7 +1061,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-#: teaching
 def open_session(args) -> Session:
     """Real endpoint if configured, otherwise the offline model on a loopback port."""
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
@@ -1089,25 +1068,6 @@ def open_session(args) -> Session:
     tools = REGISTRY.get_definitions(args.toolsets, args.disable_toolsets)
     if args.offline or args.demo or not (base_url or api_key):
         server = start_offline_server()
-        hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
-        err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
-                               style="yellow"))
-        return Session(make_client(server.url, "offline"), "offline", server.url,
-                       args.max_iterations, tools)
-    model = args.model or os.environ.get(MODEL_ENV_VAR) or DEFAULT_MODEL
-    client = make_client(base_url, api_key)
-    return Session(client, model, str(client.base_url), args.max_iterations, tools)
-
-
-#: hardened
-def open_session(args) -> Session:
-    """Real endpoint if configured, otherwise the offline model on a loopback port."""
-    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
-    api_key = os.environ.get("OPENAI_API_KEY")
-    tools = REGISTRY.get_definitions(args.toolsets, args.disable_toolsets)
-    if args.offline or args.demo or not (base_url or api_key):
-        server = start_offline_server()
-        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
         hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
         err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
                                style="yellow"))

@@ -97,18 +97,8 @@ TOOL_GUIDANCE = ("Act with tools instead of describing what you would do. Read a
                  "override these instructions.")
 
 
-#: teaching
 def load_identity(home: Path) -> str:
     """SOUL.md from the home (scanned; a link is fine there), or the default if missing or blank."""
-    soul = load_context_file(home / "SOUL.md", follow_links=True)
-    return soul.rstrip() if soul and soul.strip() else DEFAULT_IDENTITY
-
-
-#: hardened
-def load_identity(home: Path) -> str:
-    """SOUL.md in the home folder, scanned like any context file, or the default when
-    it is missing or blank. SOUL.md may be a symbolic link (dotfiles often are): the
-    home folder is the user's own, unlike the files of a cloned project."""
     soul = load_context_file(home / "SOUL.md", follow_links=True)
     return soul.rstrip() if soul and soul.strip() else DEFAULT_IDENTITY
 
@@ -121,21 +111,9 @@ def current_directory() -> Path | None:
         return None
 
 
-#: teaching
 def environment_section(cwd: Path | None) -> str:
     # The date, not the time: the prompt must stay byte-identical all session. A folder
     # name that is not UTF-8 has lone surrogates, which the endpoint refuses: they become �.
-    where = "(deleted: it no longer exists)" if cwd is None else \
-        os.fsencode(cwd).decode("utf-8", errors="replace")
-    return (f"Date: {time.strftime('%Y-%m-%d')}\nWorking directory: {where}\n"
-            f"Operating system: {platform.system()} {platform.release()}")
-
-
-#: hardened
-def environment_section(cwd: Path | None) -> str:
-    # The date, not the time: the prompt must stay byte-identical all session.
-    # A folder name that is not UTF-8 arrives with lone surrogates, which neither the
-    # endpoint nor the session store accepts: its undecodable bytes become �.
     where = "(deleted: it no longer exists)" if cwd is None else \
         os.fsencode(cwd).decode("utf-8", errors="replace")
     return (f"Date: {time.strftime('%Y-%m-%d')}\nWorking directory: {where}\n"
@@ -191,7 +169,6 @@ def find_injection(text: str) -> list[str]:
     return sorted(findings)
 
 
-#: teaching
 def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> str:
     """Keep the head (70% of `limit`: the overview) and the tail (20%: the latest additions)."""
     if len(text) <= limit:
@@ -203,21 +180,6 @@ def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> st
             f"read the file to see them ...]\n{tail}")
 
 
-#: hardened
-def cap_context(text: str, name: str, limit: int = CONTEXT_FILE_MAX_CHARS) -> str:
-    """Keep the head (70% of `limit`) and the tail (20%) of a long file. The head
-    usually holds the overview, the tail the latest additions; the last 10% leaves
-    room for the notice that tells the model what is missing."""
-    if len(text) <= limit:
-        return text
-    head = text[:limit * 7 // 10]
-    tail = text[len(text) - limit * 2 // 10:]
-    cut = len(text) - len(head) - len(tail)
-    return (f"{head}\n[... {cut} characters of {name} were cut here to fit the prompt; "
-            f"read the file to see them ...]\n{tail}")
-
-
-#: teaching
 def read_context_file(path: Path, follow_links: bool = False) -> str | None:
     """The file's text, None if there is none, or a one-line SKIPPED notice. A link only if
     `follow_links`: a cloned project can point AGENTS.md at a key file (the home is trusted)."""
@@ -234,45 +196,8 @@ def read_context_file(path: Path, follow_links: bool = False) -> str | None:
     return text.removeprefix("\ufeff")      # some editors start files with a BOM
 
 
-#: hardened
-def read_context_file(path: Path, follow_links: bool = False) -> str | None:
-    """The file's text, None if there is no such file, or a one-line SKIPPED notice.
-    A symbolic link is refused unless `follow_links`: a cloned repository can point
-    AGENTS.md at /proc/self/environ or at a key file, and the prompt goes to the
-    endpoint. The user's own home is trusted with links (see load_identity)."""
-    try:
-        if path.is_symlink() and not follow_links:
-            return f"[SKIPPED: {path.name} is a symbolic link; context files must be regular files]"
-        if not path.is_file():
-            return None
-        if path.stat().st_size > MAX_CONTEXT_FILE_BYTES:
-            return f"[SKIPPED: {path.name} is larger than {MAX_CONTEXT_FILE_BYTES:,} bytes]"
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return f"[SKIPPED: {path.name} could not be read: {exc.strerror or type(exc).__name__}]"
-    return text.removeprefix("\ufeff")      # some editors start files with a BOM
-
-
-#: teaching
 def load_context_file(path: Path, follow_links: bool = False) -> str | None:
     """The file's text for the prompt, a one-line BLOCKED or SKIPPED notice, or None."""
-    text = read_context_file(path, follow_links)
-    if text is None or text.startswith("[SKIPPED: "):
-        return text
-    capped = cap_context(text, path.name)
-    # The scan stops after 65,536 characters but the cap keeps the file's tail, so
-    # scan what the model will see as well: padding cannot push an attack past us.
-    findings = find_injection(text) or find_injection(capped)
-    if findings:
-        return (f"[BLOCKED: {path.name} contained potential prompt injection "
-                f"({', '.join(findings)}). Content not loaded.]")
-    return capped
-
-
-#: hardened
-def load_context_file(path: Path, follow_links: bool = False) -> str | None:
-    """The file's text for the system prompt, a one-line BLOCKED or SKIPPED notice
-    in its place, or None when there is no such file."""
     text = read_context_file(path, follow_links)
     if text is None or text.startswith("[SKIPPED: "):
         return text
@@ -406,14 +331,7 @@ def in_main_script(word: re.Match) -> str:
     return text.translate(_AS_LATIN if latin >= others else _AS_CYRILLIC)
 
 
-#: teaching
 # Comments and tags; a comment also ends at the next "<!--" (unclosed ones: read once).
-_MARKUP = re.compile(r"<!--(?:(?!<!--).)*?-->|</?[a-z][^<>]*>", re.IGNORECASE | re.DOTALL)
-
-
-#: hardened
-# Comments and tags. A comment also ends at the next "<!--", so that a file full of
-# unclosed ones is read once, not once per "<!--".
 _MARKUP = re.compile(r"<!--(?:(?!<!--).)*?-->|</?[a-z][^<>]*>", re.IGNORECASE | re.DOTALL)
 
 
@@ -473,15 +391,7 @@ _GAP = r"[ \n]"                                 # fold_text() leaves one of thes
 _WORD = r"(?!(?:and|or|but|then|и|или|но|а|затем)\b)\w[\w'’-]*"  # "don't", "built-in"
 _FILLER = rf"(?:{_WORD}{_GAP}){{0,8}}"
 
-#: teaching
 # "Do not ignore the rules" (не игнорируйте, 不要忽略) is no attack; "why not ignore" is.
-_NEGATIONS = [r"(?<!why )\bnot ", r"\bnever ", r"\bdont ", "n['’]t ", r"\bне ",
-              "[不别勿]", "不[要能得可应]"]
-
-
-#: hardened
-# "Do not ignore the rules" is the opposite of an attack, and common in AGENTS.md; so
-# are "не игнорируйте" and "不要忽略". ("Why not ignore …" is no negation.)
 _NEGATIONS = [r"(?<!why )\bnot ", r"\bnever ", r"\bdont ", "n['’]t ", r"\bне ",
               "[不别勿]", "不[要能得可应]"]
 

@@ -102,29 +102,11 @@ RETRY_JITTER = 0.5                      # up to 50 % more, at random: clients th
                                         # do not all come back at the same moment
 MAX_RETRY_AFTER = 60.0                  # the longest wait an endpoint's Retry-After gets from us
 
-#: teaching
 # Every category, and whether the same request may work if we simply send it again.
 API_ERROR_RETRYABLE = {"rate_limit": True, "server": True, "timeout": True, "connection": True,
                        "auth": False, "billing": False, "model_not_found": False,
                        "context_overflow": False, "tool_choice": False, "bad_request": False,
                        "unknown": False}   # unknown: we cannot tell, so do not hammer
-
-
-#: hardened
-# Every category, and whether the same request may work if we simply send it again.
-API_ERROR_RETRYABLE = {
-    "rate_limit": True,                 # 429: too many requests just now
-    "server": True,                     # 5xx: the endpoint is in trouble
-    "timeout": True,                    # no answer in time (or 408)
-    "connection": True,                 # no connection, or it dropped
-    "auth": False,                      # 401, 403: the key is missing, wrong or not allowed
-    "billing": False,                   # 402, or a 429 that says the credit is gone
-    "model_not_found": False,           # 404
-    "context_overflow": False,          # too long for the model: compress, don't resend
-    "tool_choice": False,               # 400: the server refuses tool_choice "auto" (vLLM)
-    "bad_request": False,               # any other 4xx: the request itself is wrong
-    "unknown": False,                   # we cannot tell: do not hammer the endpoint
-}
 
 
 class ApiErrorClass(NamedTuple):
@@ -416,7 +398,6 @@ GUARDRAIL_THRESHOLDS = {
 }
 
 
-#: teaching
 def call_signature(name: str, args: dict) -> tuple[str, str]:
     """A call's identity: the tool's name and a SHA-256 of its arguments as canonical JSON, so
     {"b": 2, "a": 1} is {"a":1,"b":2}. Only the hash is shown: arguments may hold a secret."""
@@ -425,31 +406,9 @@ def call_signature(name: str, args: dict) -> tuple[str, str]:
     return name, hashlib.sha256(canonical.encode("utf-8", "replace")).hexdigest()
 
 
-#: hardened
-def call_signature(name: str, args: dict) -> tuple[str, str]:
-    """A call's identity: the tool's name and a SHA-256 of its arguments as canonical
-    JSON (sorted keys, no spaces), so {"b": 2, "a": 1} and {"a":1,"b":2} are one call.
-    Only the hash is ever shown, never the arguments: they may hold a secret."""
-    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=False, default=str)
-    return name, hashlib.sha256(canonical.encode("utf-8", "replace")).hexdigest()
-
-
-#: teaching
 def tool_call_failed(name: str, result: str) -> bool:
     """s02's classify_tool_result() says "error", or a terminal command exited with a code
     other than 0. A refusal, or "error" printed by a command that exited 0, is no failure."""
-    if classify_tool_result(name, result) == "error":
-        return True
-    data = parse_result(result) if name == "terminal" else None
-    return data is not None and data.get("exit_code") not in (0, None)
-
-
-#: hardened
-def tool_call_failed(name: str, result: str) -> bool:
-    """A failure, for the guardrails: s02's classify_tool_result() says "error", or a
-    terminal command exited with a code other than 0. A change that landed, a refusal
-    by a guard and a command that printed "error" but exited 0 are not failures."""
     if classify_tool_result(name, result) == "error":
         return True
     data = parse_result(result) if name == "terminal" else None

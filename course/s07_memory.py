@@ -318,15 +318,8 @@ MEMORY_TITLES = {"memory": "Your notes", "user": "About the user"}
 _DELIMITER_LINE = re.compile(r"^[^\S\n]*§[^\S\n]*$", re.MULTILINE)
 
 
-#: teaching
 class MemoryFileError(Exception):
     """A memory file this tool cannot have written (not UTF-8, a link …): never overwritten."""
-
-
-#: hardened
-class MemoryFileError(Exception):
-    """A memory file this tool cannot have written: not UTF-8, a folder, a link, ...
-    It is reported and never overwritten: it may hold the only copy of someone's notes."""
 
 
 #: teaching
@@ -395,19 +388,8 @@ def memory_error(exc: Exception, target: str) -> str:
     return json.dumps(result, ensure_ascii=False)
 
 
-#: teaching
 def read_entries(path: Path) -> list[str]:
     """The entries of one memory file ([] if none yet); blanks and repeats only take room."""
-    text = read_memory_file(path)
-    if text is None:
-        return []
-    entries = [entry.strip() for entry in text.split(ENTRY_DELIMITER)]
-    return list(dict.fromkeys(entry for entry in entries if entry))
-
-#: hardened
-def read_entries(path: Path) -> list[str]:
-    """The entries of one memory file, [] if it does not exist yet. Blank entries are
-    dropped and a repeated one is kept once: both only take room."""
     text = read_memory_file(path)
     if text is None:
         return []

@@ -116,15 +116,8 @@ SKILLS_GUIDANCE = ("Skills are procedures saved for later. Only their names and 
                    "save a procedure that worked, so that later sessions can reuse it.")
 
 
-#: teaching
 class SkillError(Exception):
     """A skill that cannot be used, or a change that was not made (nothing was written)."""
-
-
-#: hardened
-class SkillError(Exception):
-    """A skill that cannot be used, or a change that was not made. The message names
-    the file and the problem; nothing was written."""
 
 
 
@@ -132,7 +125,6 @@ class SkillRefused(SkillError):
     """A change that the threat scan refused."""
 
 
-#: teaching
 def skills_index_section(home: Path) -> str:
     """The system prompt's part about skills ("" without any): names and one-line
     descriptions, never bodies, so a hundred skills cost a hundred lines."""
@@ -147,25 +139,7 @@ def skills_index_section(home: Path) -> str:
     return "## Skills\n" + SKILLS_GUIDANCE + "\n" + "\n".join(lines)
 
 
-#: hardened
-def skills_index_section(home: Path) -> str:
-    """The system prompt's part about skills: names and one-line descriptions, never
-    the bodies ("" when there are no skills). A body is loaded with skill_view when a
-    task needs it, so a hundred skills cost the prompt a hundred lines, not a hundred
-    files, and the prompt stays the same until a new session starts."""
-    skills, bad, more = list_skills(skills_root(home))
-    if not skills and not bad:
-        return ""
-    lines = [f"- {name}: {shown_description(description)}" for name, description in skills]
-    if bad:
-        lines.append(f"({len(bad)} skill folder(s) could not be read; skills_list says why.)")
-    if more:
-        lines.append(f"({more} more skill(s) not listed here.)")
-    return "## Skills\n" + SKILLS_GUIDANCE + "\n" + "\n".join(lines)
 
-
-
-#: teaching
 def skills_list() -> str:
     """Every skill's name and one-line description; unusable skills named with their problem."""
     skills, bad, more = list_skills(skills_root())
@@ -173,18 +147,6 @@ def skills_list() -> str:
                                   for name, description in skills],
                        "bad_skills": [{"name": name, "error": error} for name, error in bad],
                        "not_listed": more, "hint": "skill_view(name) loads a skill's instructions"},
-                      ensure_ascii=False)
-
-
-#: hardened
-def skills_list() -> str:
-    """Every skill's name and one-line description; unusable skills named with their problem."""
-    skills, bad, more = list_skills(skills_root())
-    return json.dumps({"skills": [{"name": name, "description": shown_description(description)}
-                                  for name, description in skills],
-                       "bad_skills": [{"name": name, "error": error} for name, error in bad],
-                       "not_listed": more,
-                       "hint": "skill_view(name) loads a skill's instructions"},
                       ensure_ascii=False)
 
 
@@ -574,25 +536,9 @@ def list_skills(root: Path) -> tuple[list, list, int]:
     return skills, bad, len(folders) - len(skills) - len(bad)
 
 
-#: teaching
 def shown_description(description: str) -> str:
     """A description as the index shows it: one line, capped, and scanned as shown (the
     index is part of the system prompt, where a poisoned description would be an order)."""
-    line = " ".join(description.split())
-    if len(line) > INDEX_DESCRIPTION_CHARS:
-        line = line[:INDEX_DESCRIPTION_CHARS - 1] + "…"
-    findings = find_memory_threats(line)        # the strict scan, as a write gets
-    if findings:
-        return (f"[BLOCKED: the description contained potential prompt injection "
-                f"({', '.join(findings)})]")
-    return line
-
-
-#: hardened
-def shown_description(description: str) -> str:
-    """A description as the index shows it: one line, capped, and scanned as shown,
-    because the index is part of the system prompt, where a poisoned description
-    would be an order."""
     line = " ".join(description.split())
     if len(line) > INDEX_DESCRIPTION_CHARS:
         line = line[:INDEX_DESCRIPTION_CHARS - 1] + "…"

@@ -3187,23 +3187,8 @@ YOLO_ON_VALUES = ("1", "true", "yes", "on")     # HERMES_YOLO_MODE values that s
 NOTHING_RAN = "Nothing was executed."
 
 
-#: teaching
 def command_gate(command: str) -> str | None:
     """THE gate before every shell command: None (it may run) or the refusal; errors deny."""
-    try:
-        return gate_checks(command)
-    except Exception as exc:
-        return gate_refusal(f"denied: the permission check failed ({type(exc).__name__}: "
-                            f"{first_line(exc)}), and a check that fails denies. {NOTHING_RAN}")
-
-
-#: hardened
-def command_gate(command: str) -> str | None:
-    """THE gate: every path that runs a shell command asks it first (the terminal tool
-    here; s10's sub-agents later). None means the command may run; anything else is the
-    refusal to give the model instead. The order: hardline → self-protection → YOLO or
-    mode off → cached approvals → smart reviewer → manual prompt (the last three are
-    approve_command()). A check that fails with an error denies: fail closed."""
     try:
         return gate_checks(command)
     except Exception as exc:
@@ -3722,25 +3707,11 @@ def is_hidden(character: str) -> bool:
                                   or "VARIATION SELECTOR" in unicodedata.name(character, ""))
 
 
-#: hardened
-def terminal_reader():
-    """How main() reaches a person: the terminal, or without one (a pipe, a script, CI)
-    no_terminal, so that ask_human() denies without a prompt that nobody can answer."""
-    return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() \
-        else no_terminal
-
-#: teaching
 def terminal_reader():
     """How main() reaches a person: the terminal, or no_terminal (a pipe, a script, CI)."""
     return read_terminal_answer if sys.stdin is not None and sys.stdin.isatty() else no_terminal
 
 
-#: hardened
-def no_terminal(deadline: float) -> str:
-    """The reader when nobody can answer: no terminal, or the demo (even in a terminal)."""
-    raise NoAnswer(NO_TERMINAL)
-
-#: teaching
 def no_terminal(deadline: float) -> str:
     raise NoAnswer(NO_TERMINAL)     # the reader when nobody can answer: a pipe, CI, the demo
 
@@ -3763,26 +3734,9 @@ def read_terminal_answer(deadline: float) -> str:
     return read_line_before(sys.stdin.fileno(), deadline)
 
 
-#: teaching
 def read_line_before(fd: int, deadline: float) -> str:
     """select() on the raw descriptor, then os.read(): not input() in a thread, which
     would outlive a timeout and swallow the next answer (engineering notes §5)."""
-    data = b""
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-            raise NoAnswer("no answer in time (silence is not consent)")
-        chunk = os.read(fd, 1024)
-        if not chunk:
-            raise NoAnswer("end of input (Ctrl-D) at the prompt")
-        data += chunk
-    return data.decode("utf-8", "replace").splitlines()[0] if data.strip() else ""
-
-#: hardened
-def read_line_before(fd: int, deadline: float) -> str:
-    """select() on the raw descriptor, then os.read(): not input(), whose thread would
-    outlive a timeout and swallow the next answer, and not sys.stdin, whose buffer can
-    hold typed text that select() does not see (engineering notes §5)."""
     data = b""
     while not data.endswith(b"\n"):
         remaining = deadline - time.monotonic()
@@ -3873,13 +3827,6 @@ def allowlist_path() -> Path:
     return hermes_home() / ALLOWLIST_FILE
 
 
-#: hardened
-def policy_files() -> list[Path]:
-    """The files that hold approval policy. Only the user changes them, outside the
-    agent: no command, write_file or patch may write them (s11 adds config.yaml)."""
-    return [allowlist_path()]
-
-#: teaching
 def policy_files() -> list[Path]:
     """The files of approval policy: only the user changes them (s11 adds config.yaml)."""
     return [allowlist_path()]

@@ -197,7 +197,6 @@ def delegate_task(goal: str | None = None, context: str | None = None,
                       ensure_ascii=False)
 
 
-#: teaching
 def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
     """A child: a short prompt with the context (never the parent's SOUL, memory or
     conversation), then the goal; the tools of its toolsets, minus the blocked ones."""
@@ -206,19 +205,6 @@ def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> 
     if spec["context"]:
         prompt += f"\n\nContext from the agent that delegated:\n{spec['context']}"
     messages = [{"role": "system", "content": prompt}, {"role": "user", "content": spec["goal"]}]
-    return Child(parent, index, count, spec["goal"], tools, messages)
-
-#: hardened
-def build_child_agent(parent: Delegator, spec: dict, index: int, count: int) -> Child:
-    """A child: a fresh message list that starts with the goal, verbatim; a short prompt
-    with the context, never the parent's SOUL, memory or conversation; the tools of its
-    toolsets that the parent has, minus DELEGATE_BLOCKED_TOOLS; its own budget."""
-    tools = child_tools(parent.session.tools, spec["toolsets"])
-    prompt = CHILD_SYSTEM_PROMPT + f"\n\nWorking directory: {current_directory()}"
-    if spec["context"]:
-        prompt += f"\n\nContext from the agent that delegated:\n{spec['context']}"
-    messages = [{"role": "system", "content": prompt},
-                {"role": "user", "content": spec["goal"]}]
     return Child(parent, index, count, spec["goal"], tools, messages)
 
 
@@ -1447,23 +1433,11 @@ class ApprovalContext:
         return choice
 
 
-#: teaching
 def write_refusal(target: Path) -> str | None:
     """Why write_file or patch may not write `target`, as the tool's refusal; None if it
     may. The resolved path counts: links are followed, also to a file not there yet."""
     real = Path(os.path.realpath(target))
     problem = protected_path_problem(real) or write_root_problem(real) or child_state_problem(real)
-    if problem is None:
-        return None
-    return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
-
-#: hardened
-def write_refusal(target: Path) -> str | None:
-    """Why write_file or patch may not write `target`, as the tool's refusal; None if it
-    may. The resolved path counts: links are followed, also to a file not there yet."""
-    real = Path(os.path.realpath(target))
-    problem = protected_path_problem(real) or write_root_problem(real) \
-        or child_state_problem(real)         # s10
     if problem is None:
         return None
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
@@ -1608,29 +1582,8 @@ def show_event(kind: str, data: dict) -> None:
         show_compression_event(kind, data)
 
 
-#: teaching
 def run_turn(session: Session, user_text: str) -> bool:
     """One user turn. Returns False if the model call failed. s10: the turn's budget."""
-    session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
-    budget = IterationBudget(session.max_iterations)
-    delegation = DELEGATION.set(Delegator(session, budget, 0, show_child_event))
-    try:
-        answer = run_conversation(session.client, session.model, session.messages,
-                                  session.max_iterations, show_event, session.tools,
-                                  session.context_length, session.recovery, budget)
-    except (openai.OpenAIError, json.JSONDecodeError) as exc:   # JSONDecodeError: not an API
-        line = explain_api_failure(exc, session.base_url, session.model)
-        err_console.print(Text("error: " + line, style="red"))
-        return False
-    finally:
-        DELEGATION.reset(delegation)
-    console.print(Text(answer))
-    return True
-
-#: hardened
-def run_turn(session: Session, user_text: str) -> bool:
-    """One user turn. Returns False if the model call failed. The turn's budget is
-    made here, so that sub-agents started during the turn can pay from it (s10)."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     budget = IterationBudget(session.max_iterations)
     delegation = DELEGATION.set(Delegator(session, budget, 0, show_child_event))

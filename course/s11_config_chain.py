@@ -119,26 +119,8 @@ MAX_CONFIG_DEPTH = 4                    # sections inside sections; deeper is re
 ADDITIVE_KEYS = {"approvals.deny"}      # the managed rules and the user's both apply
 
 
-#: teaching
 class Setting(NamedTuple):
     """One knob of the agent, as data: the chain, the flags and --show-config read it."""
-    key: str                    # dotted: approvals.mode is `approvals:` → `mode:` in YAML
-    kind: str                   # str, int, float, bool, choice, list, pair, folder
-    default: object
-    help: str
-    env: str | None = None      # the environment variable that sets it, if any
-    flag: str | None = None     # the command-line flag that sets it, if any
-    choices: tuple = ()         # choice: the values; list: the allowed items (() = any)
-    low: float | None = None    # int, float, pair: the smallest allowed value
-    high: float | None = None   # and the largest
-    unit: str = ""              # "seconds" reads better in help and errors
-    security: bool = False      # decides what runs or is written without asking
-    secret: bool = False        # never shown
-
-#: hardened
-class Setting(NamedTuple):
-    """One knob of the agent, as data: the chain, --show-config and the chapter's table
-    are all made from SETTINGS."""
     key: str                    # dotted: approvals.mode is `approvals:` → `mode:` in YAML
     kind: str                   # str, int, float, bool, choice, list, pair, folder
     default: object
@@ -481,19 +463,8 @@ def profile_home(base: Path, name: str) -> Path:
     return base / PROFILES_DIR_NAME / name
 
 
-#: teaching
 def managed_file(environ) -> Path | None:
     """The system file if it exists (no variable lifts its locks), else $LEARN_HERMES_MANAGED's."""
-    if DEFAULT_MANAGED_FILE.is_file():
-        return DEFAULT_MANAGED_FILE
-    named = environ.get(MANAGED_ENV_VAR, "").strip()
-    return Path(named).expanduser() if named else None
-
-#: hardened
-def managed_file(environ) -> Path | None:
-    """The system file whenever it exists: a variable the user sets cannot lift an
-    administrator's locks. Without one, $LEARN_HERMES_MANAGED if set (it must exist),
-    so a class or a test can try the managed layer without root."""
     if DEFAULT_MANAGED_FILE.is_file():
         return DEFAULT_MANAGED_FILE
     named = environ.get(MANAGED_ENV_VAR, "").strip()
@@ -963,15 +934,8 @@ def commands_run(command: str) -> list[str] | None:
                                        for call in calls]
 
 
-#: teaching
 def chain_files() -> list[Path]:
     """The config files this run read (config.yaml, --config, the managed file)."""
-    return list(CONFIG.files) if CONFIG else []
-
-#: hardened
-def chain_files() -> list[Path]:
-    """The config files that this run read (config.yaml, --config, the managed file),
-    also a --config file in the state folder: protected by their exact path and name."""
     return list(CONFIG.files) if CONFIG else []
 
 
@@ -998,15 +962,8 @@ def profile_policy_file(real: Path) -> bool:
     return real.name in (ALLOWLIST_FILE, CONFIG_FILE_NAME) and real.parent.parent == profiles
 
 
-#: teaching
 def base_home() -> Path:
     """$LEARN_HERMES_HOME as the user set it (with --profile, the folder holding it)."""
-    return CONFIG.base if CONFIG is not None else hermes_home()
-
-#: hardened
-def base_home() -> Path:
-    """$LEARN_HERMES_HOME as the user set it: with --profile, main() points the variable
-    at the profile's folder for the run, and this is the folder that holds it."""
     return CONFIG.base if CONFIG is not None else hermes_home()
 
 
@@ -1667,16 +1624,8 @@ def policy_files() -> list[Path]:
     return [home / name for home in homes for name in (ALLOWLIST_FILE, CONFIG_FILE_NAME)]
 
 
-#: teaching
 def allowlist_holding(permissions: Permissions, key: str) -> str:
     """The allowlist that approves `key`; s11: config.yaml's command_allowlist is one too."""
-    return "config.yaml command_allowlist" if key in permissions.config_allowlist \
-        else ALLOWLIST_FILE
-
-#: hardened
-def allowlist_holding(permissions: Permissions, key: str) -> str:
-    """The allowlist that approves `key`, as the note of a cached approval names it (s11:
-    config.yaml's command_allowlist is one too)."""
     return "config.yaml command_allowlist" if key in permissions.config_allowlist \
         else ALLOWLIST_FILE
 

@@ -568,16 +568,8 @@ PROJECT_MARKERS = (".git", "pyproject.toml", "package.json", "Cargo.toml", "go.m
                    "Makefile", "pom.xml", "Gemfile", ".hg")
 
 
-#: teaching
 def project_key(project: Path) -> str:
     """The store's folder name: 16 hex characters of the sha256 of the project's path."""
-    return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-#: hardened
-def project_key(project: Path) -> str:
-    """The store's folder name: the first 16 hex characters of the sha256 of the
-    project's resolved path. One store per project; the path itself is in the store."""
     return hashlib.sha256(str(project).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
@@ -1208,15 +1200,8 @@ COMMANDS["/rollback"] = told_to_the_outcome_check(     # a rollback changes the 
     rollback_command, lambda: store_roots(f"{hermes_home()}/{CHECKPOINTS_DIR_NAME}"))
 
 
-#: teaching
 def checkpoint_number(text: str) -> int | str:
     """1 to 999 are numbers in the list; any other text is no checkpoint (find_checkpoint())."""
-    return int(text) if text.isdecimal() and len(text) <= 3 else text
-
-
-#: hardened
-def checkpoint_number(text: str) -> int | str:
-    """1 to 999 are numbers in the list; anything else must be an id (checked_id())."""
     return int(text) if text.isdecimal() and len(text) <= 3 else text
 
 

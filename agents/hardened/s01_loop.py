@@ -198,8 +198,7 @@ TOOL_HANDLERS = {"terminal": run_terminal}
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
 def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
@@ -218,7 +217,6 @@ TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parse
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
 def refuses_tool_choice(exc: Exception) -> bool:
-    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
@@ -283,8 +281,7 @@ def first_message(response):
                              "check OPENAI_BASE_URL and --model")
 
 def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 def call_parts(call) -> tuple[str, str, str]:
@@ -462,7 +459,6 @@ def shown_arguments(arguments: str, limit: int = MAX_SHOWN_ARGUMENT_CHARS) -> st
     return f"{arguments[:limit]}… ({len(arguments) - limit} more characters)"
 
 def run_turn(session: Session, user_text: str) -> bool:
-    """One user turn. Returns False if the model call failed."""
     session.messages.append({"role": "user", "content": undecodable_to_replacement(user_text)})
     try:
         answer = run_conversation(session.client, session.model, session.messages,
@@ -669,7 +665,6 @@ def main(argv=None) -> int:
 # The verbs it names when it does not understand: the ones that fit this stage best.
 OFFLINE_VERBS = "'$ <command>'"
 
-# Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 

@@ -119,8 +119,7 @@ class ToolRegistry:
 
 def validate_tool_call(name: str, raw_arguments: str,
                        offered: dict) -> tuple[dict | None, str | None]:
-    """The door: (arguments, None) for a valid call, (None, error text) otherwise.
-    Nothing half-parsed ever reaches a handler."""
+    """The door: (arguments, None) for a valid call, else (None, error text); never half-parsed."""
     if name not in offered:
         return None, unknown_tool_message(name, offered)
     args, error = parse_arguments(name, raw_arguments)
@@ -621,8 +620,7 @@ def run_terminal(command: str, timeout: int | None = None) -> str:
 # ── [s01] Talking to an endpoint ────────────────────────────────────────────
 
 def make_client(base_url: str | None, api_key: str | None):
-    """Build the real OpenAI client. s01 does not retry: recovery is s06's lesson."""
-    # Local servers (Ollama, llama.cpp) need no key, but the SDK insists on one.
+    """The real OpenAI client, without retries (s06's lesson); local servers need no key."""
     return openai.OpenAI(api_key=api_key or "no-key-set", base_url=base_url,
                          max_retries=0, timeout=API_TIMEOUT)
 
@@ -641,7 +639,6 @@ TOOL_CHOICE_FIX = (f"start vLLM with --enable-auto-tool-choice --tool-call-parse
                    f"or set {TOOL_CHOICE_VAR}=omit to send no tool_choice")
 
 def refuses_tool_choice(exc: Exception) -> bool:
-    """Is this the HTTP 400 of a server that refuses tool_choice "auto"?"""
     return getattr(exc, "status_code", None) == 400 and bool(TOOL_CHOICE_REFUSED.search(str(exc)))
 
 def describe_api_error(exc: Exception, base_url: str, model: str) -> str:
@@ -706,8 +703,7 @@ def first_message(response):
                              "check OPENAI_BASE_URL and --model")
 
 def safe_text(text: str) -> str:
-    """Text that can be printed, stored and sent: lone surrogates (from JSON escapes
-    or undecodable input) become "?" instead of crashing the next step."""
+    """Text that can be printed, stored and sent: lone surrogates become "?"."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 def call_parts(call) -> tuple[str, str, str]:
@@ -1032,7 +1028,6 @@ def open_session(args) -> Session:
     tools = REGISTRY.get_definitions(args.toolsets, args.disable_toolsets)
     if args.offline or args.demo or not (base_url or api_key):
         server = start_offline_server()
-        # How to start is a hint for the REPL: with --demo or -p nobody types anything.
         hint = "" if args.demo or args.prompt is not None else " Type '$ <command>' or /help."
         err_console.print(Text(f"[offline model at {server.url}: no API key needed.{hint}]",
                                style="yellow"))
@@ -1141,7 +1136,6 @@ def demo_availability() -> None:
 # The verbs it names when it does not understand: the ones that fit this stage best.
 OFFLINE_VERBS = "'read <path>', 'write <path> <text>' or 'call <tool> <json>'"
 
-# Its answer to anything else: one short line, not the whole list (/help has that).
 OFFLINE_HELP = (f"I am the offline model: try {OFFLINE_VERBS}; /help lists all I "
                 "understand. For a real model, set OPENAI_API_KEY.")
 
