@@ -190,7 +190,6 @@ def build_settings() -> tuple:
         *MORE_SETTINGS)
 
 
-#: teaching
 MORE_SETTINGS: tuple = ()   # the rows a later stage adds to SETTINGS: it redefines this
 
 
@@ -256,7 +255,7 @@ def build_settings() -> tuple:
           "--heartbeat-interval", low=1, high=3600, unit="seconds"),
         S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
           "progress before the heartbeat stops", low=1, high=1000),
-    )
+        *MORE_SETTINGS)
 
 
 #: teaching

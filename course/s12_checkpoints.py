@@ -1445,7 +1445,6 @@ def write_refusal(target: Path) -> str | None:
     return refusal(f"write refused: {tilde(real)} {problem}. Nothing was written.")
 
 
-#: teaching
 MORE_SETTINGS = (       # s12's rows of SETTINGS (s11's build_settings() ends with them)
     Setting("checkpoints.enabled", "bool", True, "a checkpoint of the project before the first "
             "change of each turn (/rollback)", None, "--checkpoints"),
@@ -1455,79 +1454,6 @@ MORE_SETTINGS = (       # s12's rows of SETTINGS (s11's build_settings() ends wi
             "checkpointed", low=1, high=10_000_000),
     Setting("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
             "out of checkpoints", low=1, high=100_000, unit="MB"))
-
-
-#: hardened
-def build_settings() -> tuple:
-    toolsets = tuple(REGISTRY.toolsets())
-    S = Setting
-    return (
-        S("model", "str", DEFAULT_MODEL, "the model's name", MODEL_ENV_VAR, "--model"),
-        S("base_url", "str", None, "OpenAI-compatible endpoint (none and no key: the offline "
-          "model)", "OPENAI_BASE_URL", "--base-url"),
-        S("api_key", "str", None, "the endpoint's key", "OPENAI_API_KEY", secret=True),
-        S("tool_choice", "choice", "auto", 'auto: send tool_choice "auto" with the tools; '
-          "omit: leave it out (a server that refuses it)", TOOL_CHOICE_VAR,
-          "--tool-choice", choices=("auto", "omit")),
-        S("max_iterations", "int", MAX_ITERATIONS, "model calls in one user turn, "
-          "sub-agents' included", "HERMES_MAX_ITERATIONS", "--max-iterations", low=1, high=1000),
-        S("toolsets", "list", None, "offer only these toolsets (none: all)", "HERMES_TOOLSETS",
-          "--toolsets", choices=toolsets),
-        S("disabled_toolsets", "list", [], "never offer these toolsets",
-          "HERMES_DISABLED_TOOLSETS", "--disable-toolsets", choices=toolsets),
-        S("compression.context_length", "int", DEFAULT_CONTEXT_LENGTH, "the model's context "
-          "window in tokens", "HERMES_CONTEXT_LENGTH", "--context-length", low=1,
-          high=100_000_000),
-        S("compression.threshold", "float", COMPRESSION_THRESHOLD, "compress above this "
-          "share of the context window", "HERMES_COMPRESSION_THRESHOLD", low=0.1, high=0.95),
-        S("retries.max", "int", API_MAX_RETRIES, "retries of a failed model call",
-          "HERMES_MAX_RETRIES", "--max-retries", low=0, high=10),
-        S("fallback.model", "str", None, "tried once when the retries are used up",
-          "HERMES_FALLBACK_MODEL", "--fallback-model"),
-        S("fallback.base_url", "str", None, "endpoint of the fallback (none: the same)",
-          "HERMES_FALLBACK_BASE_URL", "--fallback-base-url"),
-        S("approvals.mode", "choice", "manual", "manual: ask; smart: a model reviews first; "
-          "off: never ask (hardline stays blocked)", "HERMES_APPROVAL_MODE", "--approval-mode",
-          choices=APPROVAL_MODES, security=True),
-        S("approvals.timeout", "int", APPROVAL_TIMEOUT, "an unanswered approval prompt "
-          "denies after this long", "HERMES_APPROVAL_TIMEOUT", "--approval-timeout", low=1,
-          high=3600, unit="seconds", security=True),
-        S("approvals.yolo", "bool", False, "run dangerous commands without asking (never "
-          "hardline ones)", "HERMES_YOLO_MODE", "--yolo", security=True),
-        S("approvals.deny", "list", [], "glob patterns of commands that are always refused, "
-          "also with YOLO", security=True),
-        S("command_allowlist", "list", [], "finding keys approved for good, added to "
-          "allowlist.json's", security=True),
-        S("write_root", "folder", None, "write_file and patch write only inside this folder",
-          "HERMES_WRITE_ROOT", "--write-root", security=True),
-        *(S(f"guardrails.{kind}", "pair", list(GUARDRAIL_THRESHOLDS[kind]), f"{kind} "
-            f"repeats: warn at, stop at", low=1, high=100) for kind in GUARDRAIL_THRESHOLDS),
-        S("memory.memory_chars", "int", MEMORY_CHAR_LIMIT, "characters MEMORY.md may hold",
-          low=100, high=100_000),
-        S("memory.user_chars", "int", USER_CHAR_LIMIT, "characters USER.md may hold",
-          low=100, high=100_000),
-        S("delegation.child_budget", "choice", "shared", "shared: sub-agents' calls come out "
-          "of the turn's budget; independent: their own", "HERMES_CHILD_BUDGET",
-          "--child-budget", choices=CHILD_BUDGET_MODES),
-        S("delegation.child_approvals", "choice", "deny", "a sub-agent's dangerous commands: "
-          "deny, or approve once", "HERMES_CHILD_APPROVALS", "--child-approvals",
-          choices=CHILD_APPROVALS, security=True),
-        S("delegation.max_child_iterations", "int", MAX_CHILD_ITERATIONS, "model calls one "
-          "sub-agent may make", low=1, high=100),
-        S("delegation.heartbeat_interval", "int", int(HEARTBEAT_INTERVAL), "a working "
-          "sub-agent tells the parent it is alive this often", "HERMES_HEARTBEAT_INTERVAL",
-          "--heartbeat-interval", low=1, high=3600, unit="seconds"),
-        S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
-          "progress before the heartbeat stops", low=1, high=1000),
-        S("checkpoints.enabled", "bool", True, "a checkpoint of the project before the "
-          "first change of each turn (/rollback)", None, "--checkpoints"),
-        S("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
-          "the oldest are pruned", low=1, high=500),
-        S("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
-          "checkpointed", low=1, high=10_000_000),
-        S("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
-          "out of checkpoints", low=1, high=100_000, unit="MB"),
-    )
 
 
 #: teaching

@@ -175,7 +175,9 @@ def build_settings() -> tuple:
           "--heartbeat-interval", low=1, high=3600, unit="seconds"),
         S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
           "progress before the heartbeat stops", low=1, high=1000),
-    )
+        *MORE_SETTINGS)
+
+MORE_SETTINGS: tuple = ()   # the rows a later stage adds to SETTINGS: it redefines this
 
 class ConfigError(ValueError):
     """A value or a file the chain cannot use. The message names where it came from;

@@ -25,7 +25,7 @@ Reading guide
     then the plumbing (/rollback is under "[s12] Checkpoint commands") and the wiring.
     Changed in earlier stages' sections: write_file(), patch() in [s02]; terminal_tool(),
     write_refusal(), protected_roots(), roots_written_by_the_agent() in [s09];
-    build_settings(), flag_entries() in [s11]; and 8 definitions of the plumbing (python
+    MORE_SETTINGS, flag_entries() in [s11]; and 8 definitions of the plumbing (python
     course/build.py --changes s12 --edition hardened lists them all).
 Run
     python agents/s12_checkpoints.py                  # REPL (offline model without a key)
@@ -830,15 +830,17 @@ def build_settings() -> tuple:
           "--heartbeat-interval", low=1, high=3600, unit="seconds"),
         S("delegation.stale_beats", "int", HEARTBEAT_STALE_BEATS, "heartbeats without "
           "progress before the heartbeat stops", low=1, high=1000),
-        S("checkpoints.enabled", "bool", True, "a checkpoint of the project before the "
-          "first change of each turn (/rollback)", None, "--checkpoints"),
-        S("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
-          "the oldest are pruned", low=1, high=500),
-        S("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
-          "checkpointed", low=1, high=10_000_000),
-        S("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
-          "out of checkpoints", low=1, high=100_000, unit="MB"),
-    )
+        *MORE_SETTINGS)
+
+MORE_SETTINGS = (       # s12's rows of SETTINGS (s11's build_settings() ends with them)
+    Setting("checkpoints.enabled", "bool", True, "a checkpoint of the project before the first "
+            "change of each turn (/rollback)", None, "--checkpoints"),
+    Setting("checkpoints.max_snapshots", "int", MAX_SNAPSHOTS, "checkpoints kept per project; "
+            "the oldest are pruned", low=1, high=500),
+    Setting("checkpoints.max_files", "int", MAX_FILES, "a project with more files is not "
+            "checkpointed", low=1, high=10_000_000),
+    Setting("checkpoints.max_file_size_mb", "int", MAX_FILE_SIZE_MB, "larger files are left "
+            "out of checkpoints", low=1, high=100_000, unit="MB"))
 
 class ConfigError(ValueError):
     """A value or a file the chain cannot use. The message names where it came from;
